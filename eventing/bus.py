@@ -1,0 +1,69 @@
+"""The EventBus contract: Kafka's semantics, whatever the backend.
+
+- `publish` appends a record to a topic; records with the same key land in the same
+  partition and are read back in the order they were appended.
+- A consumer belongs to a group; each partition of its subscription is read by one member
+  of the group at a time. `commit` records, per partition, the offset of the next record
+  the group needs. A member that joins (or a process that restarts) resumes from the
+  committed offsets, so whatever was polled but not committed is delivered again:
+  at-least-once, which is why every consumer must be idempotent.
+- Subscriptions name topics or a regular expression; a pattern picks up topics created
+  later (a new tenant) without a restart.
+The embedded SQLite log and the Kafka backend both implement this and pass one contract
+suite (`tests/eventing/test_bus_contract.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Protocol
+
+from eventing.codec import Codec, Message
+from openrl_core.events import Event
+
+
+@dataclass(frozen=True)
+class Record:
+    topic: str
+    partition: int
+    offset: int
+    message: Message
+    timestamp: float
+
+
+TopicPartition = tuple[str, int]
+
+
+class Consumer(Protocol):
+    def poll(self, max_records: int = 100, timeout: float = 1.0) -> list[Record]: ...
+
+    def commit(self, offsets: Optional[dict[TopicPartition, int]] = None) -> None:
+        """Commit the given next-offsets, or else everything polled so far."""
+
+    def close(self) -> None: ...
+
+
+class EventBus(Protocol):
+    def publish(self, topic: str, message: Message) -> Record: ...
+
+    def consumer(
+        self,
+        group: str,
+        *,
+        topics: Optional[list[str]] = None,
+        pattern: Optional[str] = None,
+        from_beginning: bool = True,
+    ) -> Consumer: ...
+
+    def close(self) -> None: ...
+
+
+class EventPublisher:
+    """Typed events in, encoded records out."""
+
+    def __init__(self, bus: EventBus, codec: Codec) -> None:
+        self.bus = bus
+        self.codec = codec
+
+    def publish(self, topic: str, event: Event) -> Record:
+        return self.bus.publish(topic, self.codec.encode(event))

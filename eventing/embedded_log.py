@@ -1,0 +1,239 @@
+"""The embedded event log: an append-only, partitioned, durable log in one SQLite file.
+
+It is the one-machine stand-in for Kafka and keeps the semantics the rest of OpenRL relies
+on (see `eventing/bus.py`): ordered per key, consumer groups with committed offsets,
+redelivery of everything uncommitted after a restart. Records and offsets live in SQLite
+(WAL, and `synchronous=FULL` unless told otherwise, so an acknowledged append survives a
+crash of the process). Group membership lives in this process: the embedded deployment is
+one process; a second process may read the log but not join its groups.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import threading
+import time
+import zlib
+from pathlib import Path
+from typing import Optional
+
+from eventing.bus import Record, TopicPartition
+from eventing.codec import Message
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS topics (name TEXT PRIMARY KEY, partitions INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS records (
+    topic TEXT NOT NULL, partition INTEGER NOT NULL, offset INTEGER NOT NULL,
+    key BLOB, headers TEXT NOT NULL, value BLOB NOT NULL, ts REAL NOT NULL,
+    PRIMARY KEY (topic, partition, offset)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS commits (
+    grp TEXT NOT NULL, topic TEXT NOT NULL, partition INTEGER NOT NULL, next_offset INTEGER NOT NULL,
+    PRIMARY KEY (grp, topic, partition)
+) WITHOUT ROWID;
+"""
+# A poll that finds nothing sleeps on a condition that appends in this process signal; the
+# cap makes appends by another process visible too, with at most this much delay.
+_MAX_IDLE_WAIT = 0.5
+
+
+def partition_for(key: Optional[bytes], partitions: int, counter: int) -> int:
+    """Same key, same partition (crc32 is stable across processes, unlike hash())."""
+    if key is None:
+        return counter % partitions
+    return zlib.crc32(key) % partitions
+
+
+class EmbeddedLog:
+    def __init__(self, path: Path, partitions: int = 4, fsync: bool = True) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute(f"PRAGMA synchronous={'FULL' if fsync else 'NORMAL'}")
+        self._conn.execute("PRAGMA busy_timeout=5000")
+        self._conn.executescript(_SCHEMA)
+        self._lock = threading.RLock()
+        self._appended = threading.Condition(self._lock)
+        self._default_partitions = partitions
+        self._topics: dict[str, int] = dict(self._conn.execute("SELECT name, partitions FROM topics").fetchall())
+        self._next: dict[TopicPartition, int] = {
+            (t, p): int(o) + 1
+            for t, p, o in self._conn.execute("SELECT topic, partition, MAX(offset) FROM records GROUP BY topic, partition")
+        }
+        self._groups: dict[str, _Group] = {}
+        self._unkeyed = 0
+        self._closed = False
+
+    # -- producing ------------------------------------------------------------------------
+
+    def publish(self, topic: str, message: Message) -> Record:
+        with self._lock:
+            partitions = self._ensure_topic(topic)
+            self._unkeyed += 1
+            partition = partition_for(message.key, partitions, self._unkeyed)
+            offset = self._next.get((topic, partition), 0)
+            now = time.time()
+            headers = json.dumps({k: v.decode("latin-1") for k, v in message.headers.items()})
+            self._conn.execute(
+                "INSERT INTO records (topic, partition, offset, key, headers, value, ts) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (topic, partition, offset, message.key, headers, message.value, now),
+            )
+            self._next[(topic, partition)] = offset + 1
+            self._appended.notify_all()
+        return Record(topic, partition, offset, message, now)
+
+    def _ensure_topic(self, topic: str) -> int:
+        if topic not in self._topics:
+            self._conn.execute("INSERT OR IGNORE INTO topics VALUES (?, ?)", (topic, self._default_partitions))
+            self._topics[topic] = self._default_partitions
+            for group in self._groups.values():
+                group.generation += 1  # pattern subscribers must pick the new topic up
+        return self._topics[topic]
+
+    # -- consuming ------------------------------------------------------------------------
+
+    def consumer(
+        self,
+        group: str,
+        *,
+        topics: Optional[list[str]] = None,
+        pattern: Optional[str] = None,
+        from_beginning: bool = True,
+    ) -> "EmbeddedConsumer":
+        if (topics is None) == (pattern is None):
+            raise ValueError("subscribe to a list of topics or to a pattern, not both")
+        with self._lock:
+            consumer = EmbeddedConsumer(self, group, topics, pattern, from_beginning)
+            self._groups.setdefault(group, _Group()).join(consumer)
+            return consumer
+
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        with self._lock:
+            return {p: self._next.get((topic, p), 0) for p in range(self._topics.get(topic, 0))}
+
+    def topics(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._topics)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._appended.notify_all()
+            self._conn.close()
+
+    def _leave(self, consumer: "EmbeddedConsumer") -> None:
+        with self._lock:
+            group = self._groups.get(consumer.group)
+            if group is not None:
+                group.leave(consumer)
+
+
+class _Group:
+    def __init__(self) -> None:
+        self.members: list[EmbeddedConsumer] = []
+        self.generation = 0
+
+    def join(self, consumer: "EmbeddedConsumer") -> None:
+        self.members.append(consumer)
+        self.generation += 1
+
+    def leave(self, consumer: "EmbeddedConsumer") -> None:
+        if consumer in self.members:
+            self.members.remove(consumer)
+            self.generation += 1
+
+
+class EmbeddedConsumer:
+    def __init__(self, log: EmbeddedLog, group: str, topics, pattern, from_beginning: bool) -> None:
+        self._log = log
+        self.group = group
+        self._topics = set(topics or [])
+        self._pattern = re.compile(pattern) if pattern else None
+        self._from_beginning = from_beginning
+        self._generation = -1
+        self._positions: dict[TopicPartition, int] = {}
+        self._closed = False
+
+    def assignment(self) -> list[TopicPartition]:
+        with self._log._lock:
+            self._sync()
+            return sorted(self._positions)
+
+    def poll(self, max_records: int = 100, timeout: float = 1.0) -> list[Record]:
+        deadline = time.monotonic() + timeout
+        with self._log._lock:
+            while not self._closed and not self._log._closed:
+                self._sync()
+                records = self._fetch(max_records)
+                if records:
+                    return records
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return []
+                self._log._appended.wait(min(remaining, _MAX_IDLE_WAIT))
+        return []
+
+    def commit(self, offsets: Optional[dict[TopicPartition, int]] = None) -> None:
+        with self._log._lock:
+            if self._closed:
+                return
+            chosen = dict(self._positions) if offsets is None else offsets
+            self._log._conn.executemany(
+                "INSERT INTO commits (grp, topic, partition, next_offset) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (grp, topic, partition) DO UPDATE SET next_offset = excluded.next_offset",
+                [(self.group, t, p, o) for (t, p), o in chosen.items()],
+            )
+
+    def committed(self) -> dict[TopicPartition, int]:
+        with self._log._lock:
+            rows = self._log._conn.execute("SELECT topic, partition, next_offset FROM commits WHERE grp = ?", (self.group,))
+            return {(t, p): o for t, p, o in rows}
+
+    def close(self) -> None:
+        with self._log._lock:
+            self._closed = True
+            self._log._leave(self)
+            self._log._appended.notify_all()
+
+    def _matches(self, topic: str) -> bool:
+        return topic in self._topics or bool(self._pattern and self._pattern.match(topic))
+
+    def _sync(self) -> None:
+        """Recompute this member's partitions after any join, leave or new topic."""
+        group = self._log._groups[self.group]
+        if group.generation == self._generation:
+            return
+        self._generation = group.generation
+        everything = sorted(
+            (topic, p) for topic, n in self._log._topics.items() if self._matches(topic) for p in range(n)
+        )
+        index = group.members.index(self)
+        mine = [tp for i, tp in enumerate(everything) if i % len(group.members) == index]
+        committed = self.committed()
+        # Like Kafka's eager rebalance: every assigned partition restarts from the group's
+        # committed offset, so records polled but not committed are delivered again.
+        self._positions = {
+            tp: committed.get(tp, 0 if self._from_beginning else self._log._next.get(tp, 0)) for tp in mine
+        }
+
+    def _fetch(self, max_records: int) -> list[Record]:
+        records: list[Record] = []
+        for (topic, partition), position in sorted(self._positions.items()):
+            if self._log._next.get((topic, partition), 0) <= position:
+                continue
+            rows = self._log._conn.execute(
+                "SELECT offset, key, headers, value, ts FROM records "
+                "WHERE topic = ? AND partition = ? AND offset >= ? ORDER BY offset LIMIT ?",
+                (topic, partition, position, max_records - len(records)),
+            ).fetchall()
+            for offset, key, headers, value, ts in rows:
+                message = Message(
+                    headers={k: v.encode("latin-1") for k, v in json.loads(headers).items()}, key=key, value=value
+                )
+                records.append(Record(topic, partition, offset, message, ts))
+                self._positions[(topic, partition)] = offset + 1
+            if len(records) >= max_records:
+                break
+        return records

@@ -1,0 +1,31 @@
+"""Which offsets a consumer may commit when it finishes records out of order.
+
+A worker that holds a record (the trainer waiting for a seq_id gap to fill) must not
+commit past it, or a crash would lose it: the committed offset of a partition is the
+lowest offset still held, or the next unread one when nothing is held.
+"""
+
+from __future__ import annotations
+
+from eventing.bus import Record, TopicPartition
+
+
+class OffsetTracker:
+    def __init__(self) -> None:
+        self._next: dict[TopicPartition, int] = {}
+        self._held: dict[TopicPartition, set[int]] = {}
+
+    def polled(self, record: Record) -> None:
+        tp = (record.topic, record.partition)
+        self._next[tp] = max(self._next.get(tp, 0), record.offset + 1)
+
+    def hold(self, record: Record) -> None:
+        self._held.setdefault((record.topic, record.partition), set()).add(record.offset)
+
+    def release(self, topic: str, partition: int, offset: int) -> None:
+        held = self._held.get((topic, partition))
+        if held is not None:
+            held.discard(offset)
+
+    def committable(self) -> dict[TopicPartition, int]:
+        return {tp: min(self._held[tp]) if self._held.get(tp) else position for tp, position in self._next.items()}

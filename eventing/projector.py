@@ -1,0 +1,53 @@
+"""The projector: persists every worker event into the event store, then wakes waiters.
+
+It consumes the completions stream of every tenant (by pattern), appends each event
+idempotently (a redelivered event id is a no-op), commits the log offsets only after the
+store has committed, and only then notifies long-polls. Requests are not read here: the
+gateway stores them itself before publishing (outbox), so they are never missing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from eventing import topics
+from eventing.bus import EventBus
+from eventing.notify import LocalNotifier
+from eventing.store.event_store import EventStore
+
+log = logging.getLogger(__name__)
+
+
+class Projector:
+    def __init__(self, bus: EventBus, store: EventStore, notifier: LocalNotifier, group: str = "openrl-projector") -> None:
+        self.store = store
+        self.notifier = notifier
+        self.consumer = bus.consumer(group, pattern=topics.pattern("completions"))
+
+    def run_once(self, timeout: float = 1.0) -> int:
+        records = self.consumer.poll(max_records=256, timeout=timeout)
+        woken: list[str] = []
+        for record in records:
+            try:
+                event = self.store.codec.decode(record.message)
+            except Exception:  # a poison record must not stall every tenant behind it
+                log.exception("projector: undecodable record %s/%s@%s skipped", record.topic, record.partition, record.offset)
+                continue
+            self.store.append(event)
+            request_id = getattr(event.data, "request_id", None)
+            if request_id:
+                woken.append(request_id)
+        if records:
+            self.consumer.commit()
+            self.notifier.notify(woken)
+        return len(records)
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.run_once(timeout=0.5)
+            except Exception:
+                log.exception("projector: batch failed; retrying")
+                stop.wait(0.5)
+        self.consumer.close()

@@ -1,0 +1,1 @@
+"""The event store (SQLAlchemy; SQLite embedded, PostgreSQL distributed) and its projections."""

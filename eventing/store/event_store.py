@@ -1,0 +1,168 @@
+"""The event store: appends events idempotently and folds them into projections.
+
+One `append` is one transaction: the submission's dedup row (so a retried request gets its
+first future back), the event row (unique by CloudEvent id, so a redelivered event is
+stored once and applied once), the projection change, and, for gateway events bound for a
+worker, an outbox row. The outbox row is deleted once the event is on the log; anything
+left in it after a crash is published again on start (at-least-once, like the log itself).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+from sqlalchemy import delete, insert, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+
+from eventing.codec import Codec
+from eventing.store import projections
+from eventing.store import tables as t
+from openrl_core.errors import Conflict
+from openrl_core.events import Event
+from openrl_core.events.lifecycle import BlobRef
+
+
+@dataclass(frozen=True)
+class Dedup:
+    """A submission's identity, e.g. `fb:<model_id>:<seq_id>`, and its payload's hash."""
+
+    key: str
+    payload_sha256: str
+
+    @classmethod
+    def of(cls, key: str, payload: bytes) -> "Dedup":
+        return cls(key, hashlib.sha256(payload).hexdigest())
+
+
+@dataclass(frozen=True)
+class Appended:
+    stored: bool  # False: this event id was already in the store
+    duplicate_of: Optional[str] = None  # the first request id, when a submission repeats
+
+
+class EventStore:
+    def __init__(self, engine: Engine, codec: Codec) -> None:
+        self.engine = engine
+        self.codec = codec
+
+    def append(self, event: Event, *, outbox_topic: Optional[str] = None, dedup: Optional[Dedup] = None) -> Appended:
+        data, claim = self.codec.pack(event)
+        try:
+            with self.engine.begin() as conn:
+                if dedup is not None:
+                    earlier = self._earlier_submission(conn, event.tenant, dedup)
+                    if earlier is not None:
+                        return Appended(stored=False, duplicate_of=earlier)
+                    conn.execute(
+                        insert(t.submissions).values(
+                            tenant=event.tenant,
+                            dedup_key=dedup.key,
+                            request_id=getattr(event.data, "request_id", None),
+                            payload_sha256=dedup.payload_sha256,
+                            rejected=False,
+                        )
+                    )
+                conn.execute(
+                    insert(t.events).values(
+                        id=event.id,
+                        type=event.type,
+                        source=event.source,
+                        tenant=event.tenant,
+                        key=event.key,
+                        subject=event.subject,
+                        time=event.time,
+                        data=data or None,
+                        claim_sha256=claim.sha256 if claim else None,
+                        claim_size=claim.size if claim else None,
+                    )
+                )
+                projections.apply(conn, event)
+                if outbox_topic is not None:
+                    conn.execute(insert(t.outbox).values(event_id=event.id, topic=outbox_topic))
+        except IntegrityError:
+            if dedup is not None:
+                # A concurrent twin won the race on the dedup row: answer like a retry.
+                with self.engine.connect() as conn:
+                    earlier = self._earlier_submission(conn, event.tenant, dedup)
+                if earlier is not None:
+                    return Appended(stored=False, duplicate_of=earlier)
+            if self.contains(event.id):
+                return Appended(stored=False)
+            raise
+        return Appended(stored=True)
+
+    def reject_submission(self, tenant: str, dedup: Dedup) -> None:
+        """Remember a refused submission, so its seq_id can never be reused by another body."""
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                select(t.submissions).where(t.submissions.c.tenant == tenant, t.submissions.c.dedup_key == dedup.key)
+            ).first()
+            if row is not None and row.rejected and row.payload_sha256 == dedup.payload_sha256:
+                return  # the same refused request, sent again
+            if self._earlier_submission(conn, tenant, dedup) is None:
+                conn.execute(
+                    insert(t.submissions).values(
+                        tenant=tenant, dedup_key=dedup.key, request_id=None, payload_sha256=dedup.payload_sha256, rejected=True
+                    )
+                )
+
+    def _earlier_submission(self, conn, tenant: str, dedup: Dedup) -> Optional[str]:
+        row = conn.execute(
+            select(t.submissions).where(t.submissions.c.tenant == tenant, t.submissions.c.dedup_key == dedup.key)
+        ).first()
+        if row is None:
+            return None
+        if row.payload_sha256 != dedup.payload_sha256 or row.rejected:
+            raise Conflict(
+                f"{dedup.key.split(':', 1)[-1]} was already submitted with a different body"
+                if not row.rejected
+                else f"{dedup.key.split(':', 1)[-1]} was already used by a refused request"
+            )
+        return row.request_id
+
+    def contains(self, event_id: str) -> bool:
+        with self.engine.connect() as conn:
+            return conn.execute(select(t.events.c.id).where(t.events.c.id == event_id)).first() is not None
+
+    def unpublished(self) -> list[tuple[Event, str]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(t.events, t.outbox.c.topic).join(t.outbox, t.outbox.c.event_id == t.events.c.id).order_by(t.events.c.position)
+            ).all()
+        return [(self._row_to_event(row), row.topic) for row in rows]
+
+    def mark_published(self, event_id: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(delete(t.outbox).where(t.outbox.c.event_id == event_id))
+
+    def read(self, after_position: int = 0, limit: int = 1000) -> list[tuple[int, Event]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(t.events).where(t.events.c.position > after_position).order_by(t.events.c.position).limit(limit)
+            ).all()
+        return [(row.position, self._row_to_event(row)) for row in rows]
+
+    def iterate(self, batch: int = 1000) -> Iterator[tuple[int, Event]]:
+        position = 0
+        while True:
+            chunk = self.read(position, batch)
+            if not chunk:
+                return
+            yield from chunk
+            position = chunk[-1][0]
+
+    def _row_to_event(self, row) -> Event:
+        claim = BlobRef(sha256=row.claim_sha256, size=row.claim_size) if row.claim_sha256 else None
+        return Event(
+            id=row.id,
+            type=row.type,
+            source=row.source,
+            time=projections.utc(row.time),
+            tenant=row.tenant,
+            key=row.key,
+            subject=row.subject,
+            data=self.codec.unpack(row.tenant, row.type, row.data, claim),
+        )

@@ -1,0 +1,265 @@
+"""Projections: how each event changes the read tables, applied in the event's transaction.
+
+Each handler is a small function of (connection, event). Futures follow the pure state
+machine in `openrl_core.futures`; a late or repeated lifecycle event leaves a finished
+future as it is. Replaying the events table through `apply` rebuilds every table exactly.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Callable, Optional
+
+from sqlalchemy import and_, insert, select, update
+from sqlalchemy.engine import Connection
+
+from eventing.store import tables as t
+from openrl_core.events import Event
+from openrl_core.events import sampling as sampling_events
+from openrl_core.events import sessions as session_events
+from openrl_core.events import training as training_events
+from openrl_core.events.lifecycle import CheckpointSaved, RequestCompleted, RequestFailed, SamplingSessionBound
+from openrl_core.futures import FutureState, Phase, evolve
+from openrl_core.ids import CHECKPOINT_TYPE, session_of
+
+Handler = Callable[[Connection, Event], None]
+_HANDLERS: dict[str, Handler] = {}
+
+
+def handles(*types: str):
+    def register(fn: Handler) -> Handler:
+        for type_ in types:
+            _HANDLERS[type_] = fn
+        return fn
+
+    return register
+
+
+def apply(conn: Connection, event: Event) -> None:
+    handler = _HANDLERS.get(event.type)
+    if handler is not None:
+        handler(conn, event)
+    elif event.phase in ("requested", "started", "completed", "failed"):
+        _future(conn, event)
+
+
+def utc(value: Optional[datetime]) -> Optional[datetime]:
+    """SQLite hands datetimes back naive; everything stored here is UTC."""
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=timezone.utc)
+
+
+# -- sessions ------------------------------------------------------------------------------
+
+
+@handles(session_events.SESSION_CREATED)
+def _session_created(conn: Connection, event: Event) -> None:
+    data = event.data
+    conn.execute(
+        insert(t.sessions).values(
+            session_id=data.session_id,
+            tenant=event.tenant,
+            tags=list(data.tags),
+            user_metadata=dict(data.user_metadata),
+            sdk_version=data.sdk_version,
+            project_id=data.project_id,
+            display_name=data.display_name,
+            created_at=event.time,
+            last_heartbeat_at=event.time,
+        )
+    )
+
+
+@handles(session_events.SESSION_HEARTBEAT)
+def _session_heartbeat(conn: Connection, event: Event) -> None:
+    conn.execute(
+        update(t.sessions).where(t.sessions.c.session_id == event.data.session_id).values(last_heartbeat_at=event.time)
+    )
+
+
+@handles(session_events.SESSION_FINISHED)
+def _session_finished(conn: Connection, event: Event) -> None:
+    conn.execute(
+        update(t.sessions)
+        .where(t.sessions.c.session_id == event.data.session_id)
+        .values(finished_at=event.time, finish_reason=event.data.reason)
+    )
+
+
+@handles(session_events.TELEMETRY_RECEIVED, training_events.SEQ_SKIPPED)
+def _no_projection(conn: Connection, event: Event) -> None:
+    """Kept in the events table only."""
+
+
+# -- futures -------------------------------------------------------------------------------
+
+
+def _future(conn: Connection, event: Event) -> Optional[FutureState]:
+    """Fold a lifecycle event into its future; returns the new state (None: no such future)."""
+    request_id = event.data.request_id
+    phase = Phase(event.phase)
+    row = conn.execute(select(t.futures.c.state).where(t.futures.c.request_id == request_id)).first()
+    if row is None:
+        if phase is not Phase.REQUESTED:
+            return None
+        data = event.data
+        model_id = getattr(data, "model_id", None) or getattr(data, "sampling_session_id", None)
+        session_id = getattr(data, "session_id", None) or (session_of(model_id) if model_id else None)
+        conn.execute(
+            insert(t.futures).values(
+                request_id=request_id,
+                tenant=event.tenant,
+                kind=event.verb,
+                session_id=session_id,
+                model_id=model_id,
+                state=evolve(None, phase).value,
+                created_at=event.time,
+            )
+        )
+        return FutureState.PENDING
+    before = FutureState(row.state)
+    after = evolve(before, phase)
+    if after == before:
+        return after
+    values: dict = {"state": after.value}
+    if isinstance(event.data, RequestCompleted):
+        values.update(result=event.data.result, completed_at=event.time)
+    elif isinstance(event.data, RequestFailed):
+        values.update(error=event.data.error, category=event.data.category, completed_at=event.time)
+    conn.execute(update(t.futures).where(t.futures.c.request_id == request_id).values(**values))
+    return after
+
+
+def _touch_run(conn: Connection, model_id: str, when: datetime, **values) -> None:
+    conn.execute(update(t.training_runs).where(t.training_runs.c.model_id == model_id).values(last_request_time=when, **values))
+
+
+def _insert_run(conn: Connection, event: Event, lora_config, user_metadata) -> None:
+    data = event.data
+    conn.execute(
+        insert(t.training_runs).values(
+            model_id=data.model_id,
+            tenant=event.tenant,
+            session_id=data.session_id,
+            base_model=data.base_model,
+            is_lora=True,
+            lora_rank=lora_config.rank,
+            lora_config=lora_config.model_dump(),
+            user_metadata=user_metadata,
+            state="creating",
+            created_at=event.time,
+            last_request_time=event.time,
+        )
+    )
+
+
+@handles(training_events.CREATE_MODEL["requested"])
+def _create_model_requested(conn: Connection, event: Event) -> None:
+    if _future(conn, event) is FutureState.PENDING:
+        _insert_run(conn, event, event.data.lora_config, event.data.user_metadata)
+
+
+@handles(training_events.LOAD_WEIGHTS["requested"])
+def _load_requested(conn: Connection, event: Event) -> None:
+    state = _future(conn, event)
+    if event.data.session_id is not None and state is FutureState.PENDING:
+        _insert_run(conn, event, event.data.lora_config, event.data.user_metadata)
+    elif event.data.seq_id is not None:
+        _touch_run(conn, event.data.model_id, event.time)
+
+
+@handles(
+    training_events.FORWARD_BACKWARD["requested"],
+    training_events.OPTIM_STEP["requested"],
+    training_events.SAVE_WEIGHTS["requested"],
+    training_events.SAVE_WEIGHTS_FOR_SAMPLER["requested"],
+)
+def _training_requested(conn: Connection, event: Event) -> None:
+    _future(conn, event)
+    _touch_run(conn, event.data.model_id, event.time)
+
+
+@handles(*(family[phase] for family in (training_events.CREATE_MODEL, training_events.LOAD_WEIGHTS) for phase in ("completed", "failed")))
+def _model_lifecycle(conn: Connection, event: Event) -> None:
+    if _future(conn, event) is None:
+        return
+    model_id = conn.execute(select(t.futures.c.model_id).where(t.futures.c.request_id == event.data.request_id)).scalar()
+    run = conn.execute(select(t.training_runs.c.state).where(t.training_runs.c.model_id == model_id)).first()
+    if run is None or run.state != "creating":
+        return
+    if isinstance(event.data, RequestFailed):
+        _touch_run(conn, model_id, event.time, state="failed", error=event.data.error)
+    else:
+        _touch_run(conn, model_id, event.time, state="ready")
+
+
+@handles(training_events.SAVE_WEIGHTS["completed"], training_events.SAVE_WEIGHTS_FOR_SAMPLER["completed"])
+def _saved(conn: Connection, event: Event) -> None:
+    if _future(conn, event) is None:
+        return
+    if event.data.checkpoint is not None:
+        _upsert_checkpoint(conn, event, event.data.checkpoint)
+    if event.data.sampling_session is not None:
+        _insert_sampling_session(conn, event, event.data.sampling_session, seq=None)
+
+
+def _upsert_checkpoint(conn: Connection, event: Event, saved: CheckpointSaved) -> None:
+    key = and_(t.checkpoints.c.run_id == saved.run_id, t.checkpoints.c.checkpoint_id == saved.checkpoint_id)
+    values = dict(
+        tenant=event.tenant,
+        kind=saved.kind,
+        tinker_path=saved.tinker_path,
+        files={name: ref.model_dump() for name, ref in saved.files.items()},
+        size_bytes=saved.size_bytes,
+        created_at=event.time,
+        expires_at=saved.expires_at,
+        user_metadata=saved.user_metadata,
+    )
+    if conn.execute(select(t.checkpoints.c.run_id).where(key)).first() is None:
+        conn.execute(insert(t.checkpoints).values(run_id=saved.run_id, checkpoint_id=saved.checkpoint_id, public=False, **values))
+    else:
+        conn.execute(update(t.checkpoints).where(key).values(**values))
+    column = "last_checkpoint" if CHECKPOINT_TYPE[saved.kind] == "training" else "last_sampler_checkpoint"
+    _touch_run(conn, saved.run_id, event.time, **{column: saved.checkpoint_id})
+
+
+# -- sampling ------------------------------------------------------------------------------
+
+
+def _insert_sampling_session(conn: Connection, event: Event, bound: SamplingSessionBound, seq: Optional[int]) -> None:
+    exists = conn.execute(
+        select(t.sampling_sessions.c.sampling_session_id).where(
+            t.sampling_sessions.c.sampling_session_id == bound.sampling_session_id
+        )
+    ).first()
+    if exists is not None:
+        return
+    conn.execute(
+        insert(t.sampling_sessions).values(
+            sampling_session_id=bound.sampling_session_id,
+            tenant=event.tenant,
+            session_id=bound.session_id,
+            base_model=bound.base_model,
+            model_path=bound.model_path,
+            adapter={name: ref.model_dump() for name, ref in bound.adapter.items()} if bound.adapter else None,
+            created_at=event.time,
+        )
+    )
+
+
+@handles(sampling_events.SAMPLING_SESSION_CREATED)
+def _sampling_session_created(conn: Connection, event: Event) -> None:
+    data = event.data
+    bound = SamplingSessionBound(
+        sampling_session_id=data.sampling_session_id,
+        session_id=data.session_id,
+        base_model=data.base_model,
+        model_path=data.model_path,
+        adapter=data.adapter,
+    )
+    _insert_sampling_session(conn, event, bound, data.sampling_session_seq_id)
+
+
+def expiry(ttl_seconds: Optional[int], now: datetime) -> Optional[datetime]:
+    return now + timedelta(seconds=ttl_seconds) if ttl_seconds else None

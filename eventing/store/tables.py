@@ -1,0 +1,166 @@
+"""The event store's schema: the events themselves and the projections folded from them.
+
+`events` is the source of truth; every other table can be dropped and rebuilt by replaying
+it (`eventing/replay.py`). The schema changes only through Alembic (`migrations/`);
+`tests/eventing/test_migrations.py` fails when these tables and the migrations drift.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+# The global order of the store; BigInteger autoincrement on PostgreSQL, rowid on SQLite.
+Position = BigInteger().with_variant(Integer(), "sqlite")
+
+events = Table(
+    "events",
+    metadata,
+    Column("position", Position, primary_key=True, autoincrement=True),
+    # The CloudEvent id is unique: a redelivered event is stored once, and a concurrent
+    # double write becomes an IntegrityError instead of a silent duplicate.
+    Column("id", String(64), nullable=False, unique=True),
+    Column("type", String(160), nullable=False),
+    Column("source", String(200), nullable=False),
+    Column("tenant", String(64), nullable=False),
+    Column("key", String(200)),
+    Column("subject", String(200)),
+    Column("time", DateTime(timezone=True), nullable=False),
+    Column("data", LargeBinary),
+    Column("claim_sha256", String(64)),
+    Column("claim_size", BigInteger),
+    Index(None, "tenant", "type"),
+    Index(None, "key"),
+)
+
+# Gateway-emitted events that are stored but not yet on the log (transactional outbox).
+outbox = Table(
+    "outbox",
+    metadata,
+    Column("event_id", String(64), primary_key=True),
+    Column("topic", String(200), nullable=False),
+)
+
+# (model_id, seq_id) and friends: what makes a retried submission return its first future.
+submissions = Table(
+    "submissions",
+    metadata,
+    Column("tenant", String(64), primary_key=True),
+    Column("dedup_key", String(300), primary_key=True),
+    Column("request_id", String(64)),
+    Column("payload_sha256", String(64), nullable=False),
+    Column("rejected", Boolean, nullable=False, default=False),
+)
+
+futures = Table(
+    "futures",
+    metadata,
+    Column("request_id", String(64), primary_key=True),
+    Column("tenant", String(64), nullable=False),
+    Column("kind", String(64), nullable=False),
+    Column("session_id", String(64)),
+    Column("model_id", String(200)),
+    Column("state", String(16), nullable=False),
+    Column("result", JSON),
+    Column("error", Text),
+    Column("category", String(16)),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("completed_at", DateTime(timezone=True)),
+    Index(None, "tenant", "session_id"),
+)
+
+sessions = Table(
+    "sessions",
+    metadata,
+    Column("session_id", String(64), primary_key=True),
+    Column("tenant", String(64), nullable=False),
+    Column("tags", JSON, nullable=False),
+    Column("user_metadata", JSON, nullable=False),
+    Column("sdk_version", String(64)),
+    Column("project_id", String(200)),
+    Column("display_name", String(200)),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("last_heartbeat_at", DateTime(timezone=True)),
+    Column("finished_at", DateTime(timezone=True)),
+    Column("finish_reason", String(32)),
+    Index(None, "tenant"),
+)
+
+training_runs = Table(
+    "training_runs",
+    metadata,
+    Column("model_id", String(200), primary_key=True),
+    Column("tenant", String(64), nullable=False),
+    Column("session_id", String(64), nullable=False),
+    Column("base_model", String(300), nullable=False),
+    Column("is_lora", Boolean, nullable=False),
+    Column("lora_rank", Integer),
+    Column("lora_config", JSON),
+    Column("user_metadata", JSON),
+    Column("state", String(16), nullable=False),
+    Column("error", Text),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("last_request_time", DateTime(timezone=True), nullable=False),
+    Column("last_checkpoint", String(300)),
+    Column("last_sampler_checkpoint", String(300)),
+    Index(None, "tenant"),
+)
+
+checkpoints = Table(
+    "checkpoints",
+    metadata,
+    Column("tenant", String(64), nullable=False),
+    Column("run_id", String(200), primary_key=True),
+    Column("checkpoint_id", String(300), primary_key=True),
+    Column("kind", String(32), nullable=False),
+    Column("tinker_path", String(600), nullable=False),
+    Column("files", JSON, nullable=False),
+    Column("size_bytes", BigInteger, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("expires_at", DateTime(timezone=True)),
+    Column("user_metadata", JSON),
+    Column("public", Boolean, nullable=False, default=False),
+    Index(None, "tenant"),
+)
+
+sampling_sessions = Table(
+    "sampling_sessions",
+    metadata,
+    Column("sampling_session_id", String(200), primary_key=True),
+    Column("tenant", String(64), nullable=False),
+    Column("session_id", String(64), nullable=False),
+    Column("base_model", String(300), nullable=False),
+    Column("model_path", String(600)),
+    Column("adapter", JSON),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Index(None, "tenant"),
+)
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    # Only the SHA-256 of a key is ever stored.
+    Column("key_sha256", String(64), primary_key=True),
+    Column("tenant", String(64), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)

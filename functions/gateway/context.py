@@ -1,0 +1,51 @@
+"""Everything a gateway request handler needs, built once per process.
+
+`emit` is the gateway's only way to change state: append the event (with its dedup key)
+to the store, then put it on the log, then clear its outbox row. If the process dies in
+between, `republish_outbox` on the next start finishes the job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Optional
+
+from eventing.bus import EventPublisher
+from eventing.store.event_store import Appended, Dedup, EventStore
+from eventing.store.queries import Projections
+from functions.compute.models import ModelDirectory
+from functions.gateway.waiters import FutureWaiters
+from openrl_core.events import Event
+from openrl_core.settings import Settings
+
+SOURCE = "/openrl/gateway"
+
+
+@dataclass
+class GatewayContext:
+    settings: Settings
+    store: EventStore
+    projections: Projections
+    publisher: EventPublisher
+    models: ModelDirectory
+    waiters: FutureWaiters = field(default_factory=FutureWaiters)
+    key_tenants: dict[str, str] = field(default_factory=dict)  # sha256(key) -> tenant
+
+    @classmethod
+    def hash_key(cls, api_key: str) -> str:
+        return hashlib.sha256(api_key.encode()).hexdigest()
+
+    def emit(self, event: Event, topic: Optional[str] = None, dedup: Optional[Dedup] = None) -> Appended:
+        appended = self.store.append(event, outbox_topic=topic, dedup=dedup)
+        if appended.stored and topic is not None:
+            self.publisher.publish(topic, event)
+            self.store.mark_published(event.id)
+        return appended
+
+    def republish_outbox(self) -> int:
+        pending = self.store.unpublished()
+        for event, topic in pending:
+            self.publisher.publish(topic, event)
+            self.store.mark_published(event.id)
+        return len(pending)

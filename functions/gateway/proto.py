@@ -1,0 +1,180 @@
+"""Protobuf bodies ⇄ domain objects: forward_backward requests in, results out.
+
+Decoding follows the SDK's encoder (`tinker/proto/request_conv.py`): token chunks are
+little-endian int32, tensors dense row-major or 2-D CSR with unlisted entries 0. Encoding
+follows its decoder (`response_conv.py`): one `ArrayRecord` per run of datums whose
+outputs share a trailing shape, byte offsets into a concatenated buffer, NaN for prompt
+positions without a logprob, -99999 for padding in top-k rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+from google.protobuf.message import DecodeError
+
+from functions.gateway import proto_schema as pb
+from openrl_core.datum import Datum
+from openrl_core.errors import InvalidRequest
+from openrl_core.tensors import Array, dense_from_csr
+
+_DTYPES = {pb.DTYPE["DTYPE_FLOAT32"]: np.dtype("<f4"), pb.DTYPE["DTYPE_INT64"]: np.dtype("<i8"), pb.DTYPE["DTYPE_INT32"]: np.dtype("<i4")}
+TOPK_PAD_LOGPROB = -99999.0
+
+
+@dataclass(frozen=True)
+class ForwardBackwardCall:
+    model_id: str
+    seq_id: int
+    loss_fn: str
+    loss_fn_config: dict[str, Any]
+    forward_only: bool
+    data: list[Datum]
+
+
+def parse_forward_backward(body: bytes):
+    """Only the envelope: enough to know the model and seq_id before the data is checked."""
+    try:
+        return pb.ForwardBackwardRequest.FromString(body)
+    except DecodeError as exc:
+        raise InvalidRequest(f"forward_backward body is not a valid ForwardBackwardRequest protobuf: {exc}") from None
+
+
+def decode_forward_backward(request) -> ForwardBackwardCall:
+    config: dict[str, Any] = dict(request.loss_fn_config)
+    # v2 carries every number the legacy map does, plus strings: it wins where both exist.
+    for key, value in request.loss_fn_config_v2.items():
+        config[key] = value.number if value.WhichOneof("value") == "number" else value.text
+    data = [_datum(index, datum) for index, datum in enumerate(request.data)]
+    return ForwardBackwardCall(
+        model_id=request.model_id,
+        seq_id=request.seq_id,
+        loss_fn=request.loss_fn,
+        loss_fn_config=config,
+        forward_only=request.forward_only,
+        data=data,
+    )
+
+
+def _datum(index: int, datum) -> Datum:
+    pieces = []
+    for chunk in datum.model_input:
+        kind = chunk.WhichOneof("chunk")
+        if kind != "encoded_text":
+            raise InvalidRequest(f"data[{index}].model_input has a {kind or 'empty'} chunk; only text models are served")
+        raw = chunk.encoded_text.tokens
+        if len(raw) % 4:
+            raise InvalidRequest(f"data[{index}].model_input token bytes are not a whole number of int32 values")
+        pieces.append(np.frombuffer(raw, dtype="<i4"))
+    tokens = np.concatenate(pieces).astype(np.int64) if pieces else np.zeros(0, dtype=np.int64)
+    inputs = {name: tensor_to_numpy(tensor, f"data[{index}].loss_fn_inputs[{name!r}]") for name, tensor in datum.loss_fn_inputs.items()}
+    return Datum(tokens_N=tokens, loss_fn_inputs=inputs)
+
+
+def tensor_to_numpy(tensor, where: str) -> np.ndarray:
+    dtype = _DTYPES.get(tensor.dtype)
+    if dtype is None:
+        raise InvalidRequest(f"{where} has unsupported dtype {tensor.dtype}; expected FLOAT32 or INT64")
+    shape = [int(d) for d in tensor.shape]
+    encoding = tensor.WhichOneof("encoding")
+    if encoding == "sparse_csr":
+        csr = tensor.sparse_csr
+        values = _buffer(csr.values, dtype, where + ".values")
+        crow = _buffer(csr.crow_indices, np.dtype("<i8"), where + ".crow_indices")
+        col = _buffer(csr.col_indices, np.dtype("<i8"), where + ".col_indices")
+        return dense_from_csr(values, crow, col, shape)
+    values = _buffer(tensor.dense, dtype, where)
+    if not shape:
+        shape = [values.size]
+    if int(np.prod(shape)) != values.size:
+        raise InvalidRequest(f"{where} has {values.size} values but shape {shape}")
+    return values.reshape(shape)
+
+
+def _buffer(raw: bytes, dtype: np.dtype, where: str) -> np.ndarray:
+    if len(raw) % dtype.itemsize:
+        raise InvalidRequest(f"{where} byte length {len(raw)} is not a multiple of {dtype.itemsize}")
+    return np.frombuffer(raw, dtype=dtype).copy()
+
+
+# -- results -----------------------------------------------------------------------------------
+
+
+def encode_forward_backward_output(result: dict[str, Any]) -> bytes:
+    output = pb.ForwardBackwardOutput(loss_fn_output_type=result.get("loss_fn_output_type", "ArrayRecord"))
+    for key, value in result.get("metrics", {}).items():
+        output.metrics[key] = float(value)
+    outputs = [{name: Array.model_validate(a).to_numpy() for name, a in datum.items()} for datum in result["loss_fn_outputs"]]
+    for run in _runs_of_same_layout(outputs):
+        record = output.loss_fn_outputs.add(type_tag="ArrayRecord", num_datums=len(run))
+        for name in run[0]:
+            arrays = [datum[name] for datum in run]
+            batched = record.fields[name]
+            batched.dtype = pb.DTYPE["DTYPE_INT64"] if arrays[0].dtype.kind == "i" else pb.DTYPE["DTYPE_FLOAT32"]
+            wire = np.dtype("<i8") if arrays[0].dtype.kind == "i" else np.dtype("<f4")
+            chunks = [np.ascontiguousarray(a, dtype=wire).tobytes() for a in arrays]
+            batched.data = b"".join(chunks)
+            batched.offsets = np.cumsum([0] + [len(c) for c in chunks], dtype="<i8").tobytes()
+            batched.trailing_shape.extend(arrays[0].shape[1:])
+    return output.SerializeToString()
+
+
+def _runs_of_same_layout(outputs: list[dict[str, np.ndarray]]) -> list[list[dict[str, np.ndarray]]]:
+    runs: list[list[dict[str, np.ndarray]]] = []
+    for datum in outputs:
+        layout = {name: value.shape[1:] for name, value in datum.items()}
+        if runs and {name: value.shape[1:] for name, value in runs[-1][0].items()} == layout:
+            runs[-1].append(datum)
+        else:
+            runs.append([datum])
+    return runs
+
+
+def encode_sample_response(result: dict[str, Any]) -> bytes:
+    response = pb.SampleResponse()
+    for sequence in result["sequences"]:
+        out = response.sequences.add(stop_reason=pb.STOP_REASON[sequence["stop_reason"]])
+        out.tokens = np.asarray(sequence["tokens"], dtype="<i4").tobytes()
+        out.logprobs = np.asarray(sequence["logprobs"], dtype="<f4").tobytes()
+    prompt_logprobs: Optional[list] = result.get("prompt_logprobs")
+    if prompt_logprobs is not None:
+        response.prompt_logprobs = np.asarray(
+            [np.nan if value is None else value for value in prompt_logprobs], dtype="<f4"
+        ).tobytes()
+    topk = result.get("topk_prompt_logprobs")
+    if topk:
+        k = max((len(row) for row in topk if row), default=0)
+        if k:
+            ids = np.zeros((len(topk), k), dtype="<i4")
+            lps = np.full((len(topk), k), TOPK_PAD_LOGPROB, dtype="<f4")
+            for i, row in enumerate(topk):
+                for j, (token, logprob) in enumerate(row or []):
+                    ids[i, j], lps[i, j] = token, logprob
+            response.topk_prompt_logprobs.token_ids = ids.tobytes()
+            response.topk_prompt_logprobs.logprobs = lps.tobytes()
+            response.topk_prompt_logprobs.k = k
+            response.topk_prompt_logprobs.length = len(topk)
+    return response.SerializeToString()
+
+
+def forward_backward_output_json(result: dict[str, Any]) -> dict[str, Any]:
+    """The JSON form older SDKs (before protobuf results) accept."""
+    outputs = []
+    for datum in result["loss_fn_outputs"]:
+        converted = {}
+        for name, value in datum.items():
+            array = Array.model_validate(value).to_numpy()
+            converted[name] = {"data": array.ravel().tolist(), "dtype": str(array.dtype), "shape": list(array.shape)}
+        outputs.append(converted)
+    return {"loss_fn_output_type": result.get("loss_fn_output_type", "ArrayRecord"), "loss_fn_outputs": outputs, "metrics": result.get("metrics", {})}
+
+
+def sample_response_json(result: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "sample",
+        "sequences": result["sequences"],
+        "prompt_logprobs": result.get("prompt_logprobs"),
+        "topk_prompt_logprobs": result.get("topk_prompt_logprobs"),
+    }

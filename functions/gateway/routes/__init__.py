@@ -1,0 +1,1 @@
+"""One module per Tinker primitive family; each exposes `router`."""

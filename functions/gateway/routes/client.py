@@ -1,0 +1,60 @@
+"""Client configuration, health, capabilities and telemetry."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from fastapi import APIRouter, Depends
+
+from functions.gateway.context import SOURCE, GatewayContext
+from functions.gateway.deps import get_ctx, get_tenant
+from openrl_core.events import new_event
+from openrl_core.events.sessions import TELEMETRY_RECEIVED, TelemetryReceived
+from openrl_core.wire.sessions import ClientConfigRequest, TelemetrySendRequest
+
+router = APIRouter(prefix="/api/v1")
+
+# The SDK's own defaults, stated so a reader sees what the server promises: parallel
+# forward_backward chunks of at most 1024 datums, which the trainer reorders by seq_id.
+CLIENT_CONFIG = {
+    "parallel_fwdbwd_chunks": True,
+    "fwdbwd_max_chunk_len": 1024,
+    "proto_compress_fwdbwd": False,
+    "sample_use_retrieve_futures": False,
+    "custom_loss_server_side": False,
+    "pjwt_auth_enabled": False,
+}
+
+
+@router.post("/client/config")
+def client_config(body: ClientConfigRequest, tenant: str = Depends(get_tenant)) -> dict:
+    return CLIENT_CONFIG
+
+
+@router.post("/client/dynamic_config")
+def dynamic_config(body: ClientConfigRequest, tenant: str = Depends(get_tenant)) -> dict:
+    return {"refresh_interval_sec": 300, "sample_cancel_enabled": False}
+
+
+@router.get("/healthz")
+def healthz() -> dict:
+    return {"status": "ok"}
+
+
+@router.get("/get_server_capabilities")
+def capabilities(ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> dict:
+    models = []
+    for name in ctx.models.catalog.names():
+        files = ctx.models.files(name)
+        models.append({"model_name": name, "max_context_length": files.max_context, "trainable": True, "sampleable": True})
+    return {"supported_models": models}
+
+
+@router.post("/telemetry")
+def telemetry(body: TelemetrySendRequest, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> dict:
+    kinds = Counter(event.event for event in body.events)
+    payload = TelemetryReceived(
+        session_id=body.session_id or "unknown", event_count=len(body.events), kinds=dict(kinds), sdk_version=body.sdk_version
+    )
+    ctx.emit(new_event(TELEMETRY_RECEIVED, payload, tenant=tenant, source=SOURCE, key=body.session_id))
+    return {"status": "accepted"}

@@ -1,0 +1,141 @@
+"""Sampling: sampling sessions, sampler lookup, asample."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+
+from eventing.store.event_store import Dedup
+from functions.gateway.context import SOURCE, GatewayContext
+from functions.gateway.deps import get_ctx, get_tenant, read_body, require_session
+from functions.gateway.routes.models import resolve_checkpoint
+from functions.gateway.submit import submit
+from openrl_core.errors import InvalidRequest, NotFound
+from openrl_core.events import new_event
+from openrl_core.events.sampling import SAMPLE, SAMPLING_SESSION_CREATED, SampleRequested, SamplingSessionCreated
+from openrl_core.ids import new_request_id, sampling_session_id_for
+from openrl_core.wire.base import UntypedAPIFuture
+from openrl_core.wire.sampling import (
+    CreateSamplingSessionRequest,
+    CreateSamplingSessionResponse,
+    GetSamplerResponse,
+    SampleRequest,
+)
+
+router = APIRouter(prefix="/api/v1")
+
+MAX_NUM_SAMPLES = 128
+MAX_TOPK = 64
+ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
+
+
+@router.post("/create_sampling_session")
+async def create_sampling_session(
+    request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)
+) -> CreateSamplingSessionResponse:
+    raw = await read_body(request, ctx.settings.max_request_bytes)
+    body = CreateSamplingSessionRequest.model_validate_json(raw)
+    require_session(ctx, tenant, body.session_id)
+    sampling_session_id = sampling_session_id_for(body.session_id, body.sampling_session_seq_id)
+    base_model, adapter = body.base_model, None
+    if body.model_path:
+        _parsed, _row, run, files = resolve_checkpoint(ctx, tenant, body.model_path)
+        if base_model is not None and base_model != run.base_model:
+            raise InvalidRequest(f"{body.model_path!r} was trained on {run.base_model!r}, not {base_model!r}")
+        base_model = run.base_model
+        adapter = {name: ref for name, ref in files.items() if name in ADAPTER_FILES}
+    if base_model is None:
+        raise InvalidRequest("create_sampling_session needs a base_model or a model_path")
+    ctx.models.catalog.resolve(base_model)
+    payload = SamplingSessionCreated(
+        sampling_session_id=sampling_session_id,
+        session_id=body.session_id,
+        sampling_session_seq_id=body.sampling_session_seq_id,
+        base_model=base_model,
+        model_path=body.model_path,
+        adapter=adapter,
+    )
+    event = new_event(SAMPLING_SESSION_CREATED, payload, tenant=tenant, source=SOURCE, key=sampling_session_id)
+    ctx.emit(event, dedup=Dedup.of(f"sampler:{sampling_session_id}", raw))
+    return CreateSamplingSessionResponse(sampling_session_id=sampling_session_id)
+
+
+@router.get("/samplers/{sampling_session_id}")
+def get_sampler(sampling_session_id: str, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> GetSamplerResponse:
+    row = ctx.projections.sampling_session(tenant, sampling_session_id)
+    if row is None:
+        raise NotFound(f"unknown sampler {sampling_session_id!r}")
+    return GetSamplerResponse(sampler_id=row.sampling_session_id, base_model=row.base_model, model_path=row.model_path)
+
+
+@router.post("/asample")
+async def asample(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> UntypedAPIFuture:
+    raw = await read_body(request, ctx.settings.max_request_bytes)
+    body = SampleRequest.model_validate_json(raw)
+    if body.sampling_session_id is None:
+        raise InvalidRequest("asample needs a sampling_session_id (create one with create_sampling_session)")
+    session = ctx.projections.sampling_session(tenant, body.sampling_session_id)
+    if session is None:
+        raise NotFound(f"unknown sampling_session_id {body.sampling_session_id!r}")
+    files = ctx.models.files(session.base_model)
+    prompt = _prompt_tokens(body)
+    _validate(body, prompt, files.vocab_size, files.max_context)
+    request_id = new_request_id()
+    sequence_ids = [f"{request_id}:{i}" for i in range(body.num_samples)]
+    payload = SampleRequested(
+        request_id=request_id,
+        sampling_session_id=session.sampling_session_id,
+        seq_id=body.seq_id or 0,
+        base_model=session.base_model,
+        adapter=session.adapter,
+        prompt_tokens=prompt,
+        num_samples=body.num_samples,
+        sampling_params=body.sampling_params,
+        prompt_logprobs=bool(body.prompt_logprobs),
+        topk_prompt_logprobs=body.topk_prompt_logprobs,
+        prompt_logprobs_last_n=body.prompt_logprobs_last_n,
+        sample_sequence_ids=sequence_ids,
+    )
+    dedup = Dedup.of(f"sample:{session.sampling_session_id}:{body.seq_id}", raw) if body.seq_id is not None else None
+    return submit(
+        ctx, tenant, SAMPLE["requested"], payload, stream="sampling", key=session.sampling_session_id, dedup=dedup, sample_sequence_ids=sequence_ids
+    )
+
+
+def _prompt_tokens(body: SampleRequest) -> list[int]:
+    tokens: list[int] = []
+    for index, chunk in enumerate(body.prompt.chunks):
+        if chunk.type != "encoded_text" or chunk.tokens is None:
+            raise InvalidRequest(f"prompt.chunks[{index}] is a {chunk.type!r} chunk; only text models are served")
+        tokens.extend(chunk.tokens)
+    return tokens
+
+
+def _validate(body: SampleRequest, prompt: list[int], vocab_size: int, max_context: int) -> None:
+    if not prompt:
+        raise InvalidRequest("prompt holds no tokens")
+    bad = next((t for t in prompt if t < 0 or t >= vocab_size), None)
+    if bad is not None:
+        raise InvalidRequest(f"prompt holds token id {bad}, outside the vocabulary [0, {vocab_size})")
+    if not 1 <= body.num_samples <= MAX_NUM_SAMPLES:
+        raise InvalidRequest(f"num_samples must be between 1 and {MAX_NUM_SAMPLES}, got {body.num_samples}")
+    max_tokens = body.sampling_params.max_tokens
+    if max_tokens is not None and len(prompt) + max_tokens > max_context:
+        raise InvalidRequest(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds the model context of {max_context}")
+    if len(prompt) >= max_context:
+        raise InvalidRequest(f"prompt of {len(prompt)} tokens leaves no room in the model context of {max_context}")
+    if not 0 <= body.topk_prompt_logprobs <= MAX_TOPK:
+        raise InvalidRequest(f"topk_prompt_logprobs must be between 0 and {MAX_TOPK}")
+    if body.prompt_logprobs_last_n is not None:
+        if not body.prompt_logprobs:
+            raise InvalidRequest("prompt_logprobs_last_n needs prompt_logprobs=true")
+        if not 1 <= body.prompt_logprobs_last_n <= len(prompt) - 1:
+            raise InvalidRequest(f"prompt_logprobs_last_n must be between 1 and {len(prompt) - 1}")
+    unsupported = {
+        "topk_sample_logprobs": body.topk_sample_logprobs,
+        "prompt_alt_tokens_k": body.prompt_alt_tokens_k,
+        "target_prompt_logprobs": body.target_prompt_logprobs,
+        "record_stability_info": body.record_stability_info,
+    }
+    asked = [name for name, value in unsupported.items() if value]
+    if asked:
+        raise InvalidRequest(f"{', '.join(asked)} not supported by this server yet")

@@ -1,0 +1,147 @@
+"""Training steps: forward_backward (protobuf), optim_step, save_weights, save_weights_for_sampler."""
+
+from __future__ import annotations
+
+import zstandard
+from fastapi import APIRouter, Depends, Request
+
+from functions.gateway import proto
+from functions.gateway.context import GatewayContext
+from functions.gateway.deps import get_ctx, get_tenant, read_body, require_run
+from functions.gateway.submit import submit_sequenced
+from openrl_core.datum import DatumRecord, validate_batch
+from openrl_core.errors import InvalidRequest
+from openrl_core.events.training import (
+    FORWARD_BACKWARD,
+    OPTIM_STEP,
+    SAVE_WEIGHTS,
+    SAVE_WEIGHTS_FOR_SAMPLER,
+    ForwardBackwardRequested,
+    OptimStepRequested,
+    SaveWeightsForSamplerRequested,
+    SaveWeightsRequested,
+)
+from openrl_core.ids import TinkerPath, check_checkpoint_name, sampling_session_id_for
+from openrl_core.losses import resolve_config
+from openrl_core.params import AdamParams
+from openrl_core.wire.base import UntypedAPIFuture
+from openrl_core.wire.training import OptimStepRequest, SaveWeightsForSamplerRequest, SaveWeightsRequest
+
+router = APIRouter(prefix="/api/v1")
+
+
+async def _body(request: Request, ctx: GatewayContext) -> bytes:
+    raw = await read_body(request, ctx.settings.max_request_bytes)
+    if request.headers.get("content-encoding", "").lower() == "zstd":
+        try:
+            raw = zstandard.ZstdDecompressor().decompress(raw, max_output_size=ctx.settings.max_request_bytes)
+        except zstandard.ZstdError as exc:
+            raise InvalidRequest(f"body is not a valid zstd frame: {exc}") from None
+    return raw
+
+
+@router.post("/forward_backward")
+async def forward_backward(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> UntypedAPIFuture:
+    raw = await _body(request, ctx)
+    if "protobuf" not in request.headers.get("content-type", ""):
+        raise InvalidRequest("forward_backward expects an application/x-protobuf ForwardBackwardRequest body")
+    message = proto.parse_forward_backward(raw)
+    run = require_run(ctx, tenant, message.model_id)
+    if message.seq_id < 1:
+        raise InvalidRequest(f"seq_id must be at least 1, got {message.seq_id}")
+    files = ctx.models.files(run.base_model)
+
+    def build(request_id: str) -> ForwardBackwardRequested:
+        call = proto.decode_forward_backward(message)
+        validate_batch(call.data, call.loss_fn, files.vocab_size, files.max_context)
+        return ForwardBackwardRequested(
+            request_id=request_id,
+            model_id=run.model_id,
+            seq_id=call.seq_id,
+            loss_fn=call.loss_fn,
+            loss_fn_config=resolve_config(call.loss_fn, call.loss_fn_config),
+            forward_only=call.forward_only,
+            data=[DatumRecord.from_datum(datum) for datum in call.data],
+        )
+
+    return submit_sequenced(
+        ctx, tenant, model_id=run.model_id, seq_id=message.seq_id, body=raw, event_type=FORWARD_BACKWARD["requested"], build=build
+    )
+
+
+@router.post("/optim_step")
+async def optim_step(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> UntypedAPIFuture:
+    raw = await read_body(request, ctx.settings.max_request_bytes)
+    body = OptimStepRequest.model_validate_json(raw)
+    run = require_run(ctx, tenant, body.model_id)
+
+    def build(request_id: str) -> OptimStepRequested:
+        if body.optimizer_params is not None and body.optimizer_params.get("type") not in (None, "adamw"):
+            raise InvalidRequest(f"optimizer {body.optimizer_params.get('type')!r} is not supported; use adam_params")
+        return OptimStepRequested(request_id=request_id, model_id=run.model_id, seq_id=body.seq_id, adam_params=body.adam_params or AdamParams())
+
+    return submit_sequenced(ctx, tenant, model_id=run.model_id, seq_id=body.seq_id, body=raw, event_type=OPTIM_STEP["requested"], build=build)
+
+
+@router.post("/save_weights")
+async def save_weights(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> UntypedAPIFuture:
+    raw = await read_body(request, ctx.settings.max_request_bytes)
+    body = SaveWeightsRequest.model_validate_json(raw)
+    run = require_run(ctx, tenant, body.model_id)
+
+    def build(request_id: str) -> SaveWeightsRequested:
+        if not body.path:
+            raise InvalidRequest("save_weights needs a checkpoint name in `path`")
+        name = check_checkpoint_name(body.path)
+        _refuse_existing(ctx, tenant, TinkerPath(run.model_id, "weights", name), body.overwrite)
+        return SaveWeightsRequested(
+            request_id=request_id,
+            model_id=run.model_id,
+            seq_id=body.seq_id,
+            name=name,
+            ttl_seconds=body.ttl_seconds,
+            overwrite=body.overwrite,
+            user_metadata=body.user_metadata,
+        )
+
+    return submit_sequenced(ctx, tenant, model_id=run.model_id, seq_id=body.seq_id, body=raw, event_type=SAVE_WEIGHTS["requested"], build=build)
+
+
+def _refuse_existing(ctx: GatewayContext, tenant: str, path: TinkerPath, overwrite: bool) -> None:
+    if not overwrite and ctx.projections.checkpoint(tenant, path.run_id, path.checkpoint_id) is not None:
+        raise InvalidRequest(f"checkpoint {str(path)!r} already exists; pass overwrite=True to replace it")
+
+
+@router.post("/save_weights_for_sampler")
+async def save_weights_for_sampler(
+    request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)
+) -> UntypedAPIFuture:
+    raw = await read_body(request, ctx.settings.max_request_bytes)
+    body = SaveWeightsForSamplerRequest.model_validate_json(raw)
+    run = require_run(ctx, tenant, body.model_id)
+
+    def build(request_id: str) -> SaveWeightsForSamplerRequested:
+        name = sampling_session_id = None
+        if body.path:
+            # Sampler checkpoints of the same name are replaced, as the cookbook expects.
+            name = check_checkpoint_name(body.path)
+        elif body.sampling_session_seq_id is not None:
+            sampling_session_id = sampling_session_id_for(run.session_id, body.sampling_session_seq_id)
+            if ctx.projections.sampling_session(tenant, sampling_session_id) is not None:
+                raise InvalidRequest(f"sampling session {sampling_session_id!r} already exists")
+        else:
+            raise InvalidRequest("save_weights_for_sampler needs a `path` name or a `sampling_session_seq_id`")
+        return SaveWeightsForSamplerRequested(
+            request_id=request_id,
+            model_id=run.model_id,
+            seq_id=body.seq_id,
+            name=name,
+            sampling_session_id=sampling_session_id,
+            kind=body.kind,
+            ttl_seconds=body.ttl_seconds,
+            user_metadata=body.user_metadata,
+        )
+
+    return submit_sequenced(
+        ctx, tenant, model_id=run.model_id, seq_id=body.seq_id, body=raw, event_type=SAVE_WEIGHTS_FOR_SAMPLER["requested"], build=build
+    )

@@ -1,0 +1,75 @@
+"""Submitting an asynchronous request: validate, dedup, store, publish, answer a future.
+
+Sequenced (training) requests share one rule: a model's seq_id is used once. A retry with
+the same body gets the first future back; another body with that seq_id is a 409. A
+request the gateway refuses still consumes its seq_id (a `seq.skipped` event tells the
+trainer), because the SDK keeps sending later seq_ids and the model must not stall
+waiting for one that will never come.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from eventing import topics
+from eventing.store.event_store import Dedup
+from functions.gateway.context import SOURCE, GatewayContext
+from openrl_core.errors import UserError
+from openrl_core.events import new_event
+from openrl_core.events.base import Payload
+from openrl_core.events.training import SEQ_SKIPPED, SeqSkipped
+from openrl_core.ids import new_request_id
+from openrl_core.wire.base import UntypedAPIFuture
+
+
+def seq_dedup(model_id: str, seq_id: int, body: bytes) -> Dedup:
+    return Dedup.of(f"seq:{model_id}:{seq_id}", body)
+
+
+def submit_sequenced(
+    ctx: GatewayContext,
+    tenant: str,
+    *,
+    model_id: str,
+    seq_id: int,
+    body: bytes,
+    event_type: str,
+    build: Callable[[str], Payload],
+) -> UntypedAPIFuture:
+    """`build(request_id)` makes the payload; a UserError from it refuses the seq_id."""
+    dedup = seq_dedup(model_id, seq_id, body)
+    request_id = new_request_id()
+    try:
+        payload = build(request_id)
+    except UserError as refused:
+        refuse(ctx, tenant, model_id, seq_id, dedup, refused.detail)
+        raise
+    return submit(ctx, tenant, event_type, payload, stream="training", key=model_id, dedup=dedup, model_id=model_id)
+
+
+def submit(
+    ctx: GatewayContext,
+    tenant: str,
+    event_type: str,
+    payload: Payload,
+    *,
+    stream: str,
+    key: str,
+    dedup: Optional[Dedup],
+    model_id: Optional[str] = None,
+    sample_sequence_ids: Optional[list[str]] = None,
+) -> UntypedAPIFuture:
+    request_id = payload.request_id  # type: ignore[attr-defined]
+    event = new_event(event_type, payload, tenant=tenant, source=SOURCE, key=key, subject=request_id)
+    appended = ctx.emit(event, topics.topic(tenant, stream), dedup)
+    if appended.duplicate_of is not None:
+        request_id = appended.duplicate_of
+        if sample_sequence_ids is not None:
+            sample_sequence_ids = [f"{request_id}:{i}" for i in range(len(sample_sequence_ids))]
+    return UntypedAPIFuture(request_id=request_id, model_id=model_id, sample_sequence_ids=sample_sequence_ids)
+
+
+def refuse(ctx: GatewayContext, tenant: str, model_id: str, seq_id: int, dedup: Dedup, reason: str) -> None:
+    ctx.store.reject_submission(tenant, dedup)
+    skipped = SeqSkipped(model_id=model_id, seq_id=seq_id, reason=reason)
+    ctx.emit(new_event(SEQ_SKIPPED, skipped, tenant=tenant, source=SOURCE, key=model_id), topics.topic(tenant, "training"))

@@ -1,0 +1,67 @@
+"""The infrastructure one process stands on, built from its settings.
+
+Database engine (migrated to head on start), blob store, codec, the event log (embedded
+SQLite), the event store and its read side, the model directory and the API-key map.
+Every function's `start` and `openrl serve` build exactly one of these.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+from eventing.blobs import BlobStore
+from eventing.bus import EventBus, EventPublisher
+from eventing.codec import Codec
+from eventing.embedded_log import EmbeddedLog
+from eventing.notify import LocalNotifier
+from eventing.store import database
+from eventing.store.event_store import EventStore
+from eventing.store.queries import Projections
+from functions.compute.models import ModelDirectory
+from openrl_core.catalog import Catalog
+from openrl_core.settings import Settings
+
+
+class Runtime:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        self.engine = database.make_engine(settings.resolved_database_url())
+        database.upgrade(self.engine)
+        self.blobs = BlobStore(settings.data_dir / "blobs")
+        self.codec = Codec(self.blobs, settings.inline_payload_limit)
+        self.store = EventStore(self.engine, self.codec)
+        self.projections = Projections(self.engine)
+        self.notifier = LocalNotifier()
+        self.catalog = Catalog.from_names(settings.models or None, settings.local_models)
+        self.models = ModelDirectory(self.catalog, settings.model_cache)
+
+    @cached_property
+    def bus(self) -> EventBus:
+        return EmbeddedLog(self.settings.data_dir / "log.db", self.settings.log_partitions, self.settings.log_fsync)
+
+    @cached_property
+    def publisher(self) -> EventPublisher:
+        return EventPublisher(self.bus, self.codec)
+
+    def gateway_context(self):
+        from functions.gateway.context import GatewayContext
+
+        tenants = {GatewayContext.hash_key(key): tenant for key, tenant in self.settings.tenant_keys().items()}
+        self.projections.register_keys(tenants)
+        ctx = GatewayContext(
+            settings=self.settings,
+            store=self.store,
+            projections=self.projections,
+            publisher=self.publisher,
+            models=self.models,
+            key_tenants=tenants,
+        )
+        self.notifier.subscribe(ctx.waiters.notify)
+        ctx.republish_outbox()
+        return ctx
+
+    def close(self) -> None:
+        if "bus" in self.__dict__:
+            self.bus.close()
+        self.engine.dispose()

@@ -1,0 +1,243 @@
+"""The trainer worker: consumes every tenant's training topic and applies it to the engine.
+
+Three verbs per loop: poll the log, order each model's requests through its `SeqGate`,
+execute what is ready on the accelerator and emit one completion (or failure) per request.
+A model's state (adapter, gradients, optimizer) lives in the engine; the worker keeps only
+its gate. A request that fails answers its own future with `{error, category}` and never
+fails its neighbours. Offsets are committed up to the oldest record still held by a gate.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Callable, Optional
+
+from eventing import topics
+from eventing.blobs import BlobStore
+from eventing.bus import EventBus, EventPublisher, Record
+from eventing.offsets import OffsetTracker
+from eventing.store.projections import expiry
+from functions.compute.accelerator import AcceleratorTurns
+from functions.compute.models import ModelDirectory
+from openrl_core.datum import validate_batch
+from openrl_core.errors import NotFound, OpenRLError
+from openrl_core.events import Event, new_event
+from openrl_core.events import training as te
+from openrl_core.events.base import event_type
+from openrl_core.events.lifecycle import CheckpointSaved, RequestCompleted, RequestFailed, SamplingSessionBound
+from openrl_core.seqgate import SeqGate
+from openrl_core.tensors import Array
+
+log = logging.getLogger(__name__)
+SOURCE = "/openrl/trainer"
+
+
+@dataclass
+class ModelSlot:
+    tenant: str
+    base_model: str
+    session_id: str
+    gate: SeqGate = field(default_factory=SeqGate)
+
+
+class TrainerWorker:
+    def __init__(
+        self,
+        bus: EventBus,
+        publisher: EventPublisher,
+        blobs: BlobStore,
+        models: ModelDirectory,
+        turns: Optional[AcceleratorTurns] = None,
+        device: str = "cpu",
+        group: str = "openrl-trainer",
+    ) -> None:
+        self.publisher = publisher
+        self.blobs = blobs
+        self.models = models
+        self.turns = turns or AcceleratorTurns()
+        self.device = device
+        self.consumer = bus.consumer(group, pattern=topics.pattern("training"))
+        self.offsets = OffsetTracker()
+        self.slots: dict[str, ModelSlot] = {}
+        self._engines: dict = {}
+        self._handlers: dict[str, Callable[[Event], dict]] = {
+            te.FORWARD_BACKWARD["requested"]: self._forward_backward,
+            te.OPTIM_STEP["requested"]: self._optim_step,
+            te.SAVE_WEIGHTS["requested"]: self._save_weights,
+            te.SAVE_WEIGHTS_FOR_SAMPLER["requested"]: self._save_for_sampler,
+            te.LOAD_WEIGHTS["requested"]: self._load_in_place,
+        }
+
+    # -- loop ----------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.run_once(timeout=0.5)
+            except Exception:
+                log.exception("trainer: batch failed")
+                stop.wait(0.5)
+        self.consumer.close()
+
+    def run_once(self, timeout: float = 1.0) -> int:
+        records = self.consumer.poll(max_records=64, timeout=timeout)
+        for record in records:
+            self.offsets.polled(record)
+            self._receive(record)
+        if records:
+            self.consumer.commit(self.offsets.committable())
+        return len(records)
+
+    def _receive(self, record: Record) -> None:
+        try:
+            event = self.publisher.codec.decode(record.message)
+        except Exception:
+            log.exception("trainer: undecodable record %s/%s@%s skipped", record.topic, record.partition, record.offset)
+            return
+        if event.type in (te.CREATE_MODEL["requested"],) or (
+            event.type == te.LOAD_WEIGHTS["requested"] and event.data.seq_id is None
+        ):
+            self._execute(event, self._create)
+            return
+        if event.type == te.SEQ_SKIPPED:
+            slot = self.slots.get(event.data.model_id)
+            if slot is not None:
+                self._run_ready(slot.gate.skip(event.data.seq_id))
+            return
+        handler = self._handlers.get(event.type)
+        if handler is None:
+            return
+        slot = self.slots.get(event.data.model_id)
+        if slot is None:
+            self._fail(event, NotFound(f"model {event.data.model_id!r} is not loaded on this trainer"))
+            return
+        offer = slot.gate.offer(event.data.seq_id, (record, event))
+        if offer.duplicate:
+            return  # already applied (a redelivery); its completion was emitted then
+        if not offer.ready:
+            self.offsets.hold(record)
+        self._run_ready(offer.ready)
+
+    def _run_ready(self, ready: list) -> None:
+        for _seq, (record, event) in ready:
+            self.offsets.release(record.topic, record.partition, record.offset)
+            self._execute(event, self._handlers[event.type])
+
+    def _execute(self, event: Event, handler: Callable[[Event], dict]) -> None:
+        try:
+            with self.turns.turn():
+                outcome = handler(event)
+        except Exception as exc:  # one request's failure is reported on its own future
+            self._fail(event, exc)
+            return
+        payload = RequestCompleted(request_id=event.data.request_id, **outcome)
+        self._emit(event, "completed", payload)
+
+    def _fail(self, event: Event, exc: Exception) -> None:
+        if isinstance(exc, OpenRLError):
+            error, category = exc.detail, exc.category
+        else:
+            log.exception("trainer: %s failed", event.type)
+            error, category = f"{type(exc).__name__}: {exc}", "server"
+        self._emit(event, "failed", RequestFailed(request_id=event.data.request_id, error=error, category=category))
+
+    def _emit(self, request: Event, phase: str, payload) -> None:
+        type_ = event_type(request.family, request.verb, phase)
+        reply = new_event(type_, payload, tenant=request.tenant, source=SOURCE, key=request.key, subject=payload.request_id)
+        self.publisher.publish(topics.topic(request.tenant, "completions"), reply)
+
+    # -- verbs ---------------------------------------------------------------------------
+
+    def engine(self, base_model: str):
+        if base_model not in self._engines:
+            from functions.trainer.engine import TrainerEngine
+
+            self._engines[base_model] = TrainerEngine(self.models.files(base_model), device=self.device)
+        return self._engines[base_model]
+
+    def _slot(self, event: Event) -> ModelSlot:
+        slot = self.slots.get(event.data.model_id)
+        if slot is None or slot.tenant != event.tenant:
+            raise NotFound(f"model {event.data.model_id!r} is not loaded on this trainer")
+        return slot
+
+    def _create(self, event: Event) -> dict:
+        data = event.data
+        engine = self.engine(data.base_model)
+        if not engine.has_adapter(data.model_id):
+            engine.create_adapter(data.model_id, data.lora_config)
+            if isinstance(data, te.LoadWeightsRequested):
+                engine.import_state(data.model_id, self._read(event.tenant, data.files), data.with_optimizer)
+        self.slots.setdefault(data.model_id, ModelSlot(event.tenant, data.base_model, data.session_id))
+        if isinstance(data, te.LoadWeightsRequested):
+            return {"result": {"path": data.path, "model_id": data.model_id, "type": "load_weights"}}
+        return {"result": {"model_id": data.model_id, "type": "create_model"}}
+
+    def _forward_backward(self, event: Event) -> dict:
+        data = event.data
+        slot = self._slot(event)
+        files = self.models.files(slot.base_model)
+        batch = [record.to_datum() for record in data.data]
+        validate_batch(batch, data.loss_fn, files.vocab_size, files.max_context)
+        output = self.engine(slot.base_model).forward_backward(
+            data.model_id, batch, data.loss_fn, data.loss_fn_config, data.forward_only
+        )
+        outputs = [{"logprobs": Array.from_numpy(lp).model_dump()} for lp in output.logprobs]
+        return {"result": {"loss_fn_output_type": "ArrayRecord", "loss_fn_outputs": outputs, "metrics": output.metrics}}
+
+    def _optim_step(self, event: Event) -> dict:
+        slot = self._slot(event)
+        metrics = self.engine(slot.base_model).optim_step(event.data.model_id, event.data.adam_params)
+        return {"result": {"metrics": metrics}}
+
+    def _save_weights(self, event: Event) -> dict:
+        data = event.data
+        slot = self._slot(event)
+        files = self._write(event.tenant, self.engine(slot.base_model).export_state(data.model_id))
+        checkpoint = CheckpointSaved(
+            run_id=data.model_id,
+            kind="weights",
+            name=data.name,
+            files=files,
+            expires_at=expiry(data.ttl_seconds, datetime.now(timezone.utc)),
+            user_metadata=data.user_metadata,
+        )
+        return {"result": {"path": checkpoint.tinker_path, "type": "save_weights"}, "checkpoint": checkpoint}
+
+    def _save_for_sampler(self, event: Event) -> dict:
+        data = event.data
+        slot = self._slot(event)
+        files = self._write(event.tenant, self.engine(slot.base_model).export_adapter(data.model_id))
+        if data.name is not None:
+            checkpoint = CheckpointSaved(
+                run_id=data.model_id,
+                kind="sampler_weights",
+                name=data.name,
+                files=files,
+                expires_at=expiry(data.ttl_seconds, datetime.now(timezone.utc)),
+                user_metadata=data.user_metadata,
+            )
+            return {"result": {"path": checkpoint.tinker_path, "type": "save_weights_for_sampler"}, "checkpoint": checkpoint}
+        bound = SamplingSessionBound(
+            sampling_session_id=data.sampling_session_id,
+            session_id=slot.session_id,
+            base_model=slot.base_model,
+            adapter=files,
+        )
+        result = {"sampling_session_id": data.sampling_session_id, "type": "save_weights_for_sampler"}
+        return {"result": result, "sampling_session": bound}
+
+    def _load_in_place(self, event: Event) -> dict:
+        data = event.data
+        slot = self._slot(event)
+        self.engine(slot.base_model).import_state(data.model_id, self._read(event.tenant, data.files), data.with_optimizer)
+        return {"result": {"path": data.path, "model_id": data.model_id, "type": "load_weights"}}
+
+    def _write(self, tenant: str, files: dict[str, bytes]):
+        return {name: self.blobs.put(tenant, content) for name, content in files.items()}
+
+    def _read(self, tenant: str, refs) -> dict[str, bytes]:
+        return {name: self.blobs.get(tenant, ref) for name, ref in refs.items()}

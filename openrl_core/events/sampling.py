@@ -1,0 +1,43 @@
+"""Sampling events: independent requests, keyed by sampling session, in no required order."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from pydantic import Field
+
+from openrl_core.events.base import Payload, event_type, register
+from openrl_core.events.lifecycle import BlobRef, register_lifecycle
+from openrl_core.params import SamplingParams
+
+FAMILY = "sampling"
+
+
+class SamplingSessionCreated(Payload):
+    sampling_session_id: str
+    session_id: str
+    sampling_session_seq_id: int
+    base_model: str
+    model_path: Optional[str] = None
+    adapter: Optional[dict[str, BlobRef]] = None
+
+
+class SampleRequested(Payload):
+    request_id: str
+    sampling_session_id: str
+    seq_id: int
+    base_model: str
+    # The adapter's files, resolved by the gateway from the session, so a sampler needs no
+    # database: it loads (and caches by content hash) whatever the event names.
+    adapter: Optional[dict[str, BlobRef]] = None
+    prompt_tokens: list[int]
+    num_samples: int = Field(ge=1)
+    sampling_params: SamplingParams
+    prompt_logprobs: bool = False
+    topk_prompt_logprobs: int = Field(0, ge=0)
+    prompt_logprobs_last_n: Optional[int] = None
+    sample_sequence_ids: list[str]
+
+
+SAMPLING_SESSION_CREATED = register(event_type(FAMILY, "create_sampling_session", "completed"), SamplingSessionCreated)
+SAMPLE = register_lifecycle(FAMILY, "sample", SampleRequested)

@@ -1,0 +1,41 @@
+"""Session events: the client's lifetime, recorded synchronously by the gateway."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from openrl_core.events.base import Payload, event_type, register
+
+FAMILY = "session"
+
+
+class SessionCreated(Payload):
+    session_id: str
+    tags: list[str] = []
+    user_metadata: dict[str, Any] = {}
+    sdk_version: Optional[str] = None
+    project_id: Optional[str] = None
+    display_name: Optional[str] = None
+
+
+class SessionHeartbeat(Payload):
+    session_id: str
+
+
+class SessionFinished(Payload):
+    session_id: str
+    reason: str
+    detail: Optional[str] = None
+
+
+class TelemetryReceived(Payload):
+    session_id: str
+    event_count: int
+    kinds: dict[str, int]
+    sdk_version: Optional[str] = None
+
+
+SESSION_CREATED = register(event_type(FAMILY, "create", "completed"), SessionCreated)
+SESSION_HEARTBEAT = register(event_type(FAMILY, "heartbeat", "completed"), SessionHeartbeat)
+SESSION_FINISHED = register(event_type(FAMILY, "finish", "completed"), SessionFinished)
+TELEMETRY_RECEIVED = register(event_type(FAMILY, "telemetry", "completed"), TelemetryReceived)

@@ -1,0 +1,108 @@
+"""Training events: one model's requests, keyed by model id so they stay in order.
+
+Every payload carries the `request_id` of the future it resolves and, except create_model,
+the SDK's `seq_id`: the trainer applies a model's events strictly in seq_id order.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+from pydantic import Field
+
+from openrl_core.datum import DatumRecord
+from openrl_core.events.base import Payload, event_type, register
+from openrl_core.events.lifecycle import BlobRef, register_lifecycle
+from openrl_core.params import AdamParams, LoraConfig
+
+FAMILY = "training"
+
+
+class CreateModelRequested(Payload):
+    request_id: str
+    session_id: str
+    model_id: str
+    model_seq_id: int
+    base_model: str
+    lora_config: LoraConfig
+    user_metadata: Optional[dict[str, Any]] = None
+    optimizer_config: dict[str, Any] = Field(default_factory=lambda: {"type": "adamw"})
+
+
+class ForwardBackwardRequested(Payload):
+    request_id: str
+    model_id: str
+    seq_id: int
+    loss_fn: str
+    loss_fn_config: dict[str, float] = Field(default_factory=dict)
+    forward_only: bool = False
+    data: list[DatumRecord]
+
+
+class OptimStepRequested(Payload):
+    request_id: str
+    model_id: str
+    seq_id: int
+    adam_params: AdamParams
+
+
+class SaveWeightsRequested(Payload):
+    request_id: str
+    model_id: str
+    seq_id: int
+    name: str
+    ttl_seconds: Optional[int] = None
+    overwrite: bool = False
+    user_metadata: Optional[dict[str, Any]] = None
+
+
+class SaveWeightsForSamplerRequested(Payload):
+    request_id: str
+    model_id: str
+    seq_id: int
+    # Named save: a sampler checkpoint. Unnamed: a new sampling session bound to the weights.
+    name: Optional[str] = None
+    sampling_session_id: Optional[str] = None
+    kind: Literal["snapshot", "inflight"] = "snapshot"
+    ttl_seconds: Optional[int] = None
+    user_metadata: Optional[dict[str, Any]] = None
+
+
+class LoadWeightsRequested(Payload):
+    request_id: str
+    model_id: str
+    # None: create-via-load, the model's first event; else an in-place load at that seq_id.
+    seq_id: Optional[int] = None
+    path: str
+    files: dict[str, BlobRef]
+    with_optimizer: bool
+    # Set for create-via-load: the model to create before loading.
+    session_id: Optional[str] = None
+    base_model: Optional[str] = None
+    lora_config: Optional[LoraConfig] = None
+    user_metadata: Optional[dict[str, Any]] = None
+
+
+class SeqSkipped(Payload):
+    """The gateway refused this seq_id; the trainer must not wait for it."""
+
+    model_id: str
+    seq_id: int
+    reason: str
+
+
+CREATE_MODEL = register_lifecycle(FAMILY, "create_model", CreateModelRequested)
+FORWARD_BACKWARD = register_lifecycle(FAMILY, "forward_backward", ForwardBackwardRequested)
+OPTIM_STEP = register_lifecycle(FAMILY, "optim_step", OptimStepRequested)
+SAVE_WEIGHTS = register_lifecycle(FAMILY, "save_weights", SaveWeightsRequested)
+SAVE_WEIGHTS_FOR_SAMPLER = register_lifecycle(FAMILY, "save_weights_for_sampler", SaveWeightsForSamplerRequested)
+LOAD_WEIGHTS = register_lifecycle(FAMILY, "load_weights", LoadWeightsRequested)
+SEQ_SKIPPED = register(event_type(FAMILY, "seq", "skipped"), SeqSkipped)
+
+SEQUENCED_REQUESTS = {
+    FORWARD_BACKWARD["requested"],
+    OPTIM_STEP["requested"],
+    SAVE_WEIGHTS["requested"],
+    SAVE_WEIGHTS_FOR_SAMPLER["requested"],
+    LOAD_WEIGHTS["requested"],
+}

@@ -1,0 +1,98 @@
+"""Identifiers and `tinker://` checkpoint paths.
+
+Model ids must be `<session_id>:train:<model_seq_id>`: the SDK computes the id of a model it
+creates from a checkpoint itself (`create_training_client_from_state`) and never asks the
+server, so any other scheme breaks resume. Sampling sessions follow the same pattern with
+`:sample:`. A checkpoint path is exactly `tinker://<run_id>/<kind>/<name>`; the parser is
+strict because the path names files on disk and must not be a way out of the tenant's tree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Literal
+
+from openrl_core.errors import InvalidRequest
+
+CheckpointKind = Literal["weights", "sampler_weights", "external_weights"]
+CHECKPOINT_KINDS: tuple[str, ...] = ("weights", "sampler_weights", "external_weights")
+CHECKPOINT_TYPE = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]{0,127}$")
+_RUN = re.compile(r"^[A-Za-z0-9-]{1,64}:train:[0-9]{1,9}$")
+_TENANT = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+
+
+def new_uuid() -> str:
+    return str(uuid.uuid4())
+
+
+def new_request_id() -> str:
+    return "req-" + uuid.uuid4().hex
+
+
+def model_id_for(session_id: str, model_seq_id: int) -> str:
+    return f"{session_id}:train:{model_seq_id}"
+
+
+def sampling_session_id_for(session_id: str, sampling_session_seq_id: int) -> str:
+    return f"{session_id}:sample:{sampling_session_seq_id}"
+
+
+def session_of(model_or_sampler_id: str) -> str:
+    return model_or_sampler_id.split(":", 1)[0]
+
+
+def tenant_for_key(api_key: str) -> str:
+    """A stable tenant id for a key configured without an explicit tenant name."""
+    return "t-" + hashlib.sha256(api_key.encode()).hexdigest()[:12]
+
+
+def check_tenant_name(name: str) -> str:
+    if not _TENANT.match(name):
+        raise InvalidRequest(f"tenant name {name!r} must be 1-40 lower-case letters, digits or '-'")
+    return name
+
+
+def check_checkpoint_name(name: str) -> str:
+    if not _NAME.match(name) or name in (".", ".."):
+        raise InvalidRequest(
+            f"checkpoint name {name!r} must be 1-128 characters of letters, digits and ._=+- "
+            "and start with a letter or digit"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class TinkerPath:
+    run_id: str
+    kind: CheckpointKind
+    name: str
+
+    @property
+    def checkpoint_id(self) -> str:
+        return f"{self.kind}/{self.name}"
+
+    def __str__(self) -> str:
+        return f"tinker://{self.run_id}/{self.kind}/{self.name}"
+
+    @classmethod
+    def parse(cls, path: str) -> "TinkerPath":
+        if not isinstance(path, str) or not path.startswith("tinker://"):
+            raise InvalidRequest(f"checkpoint path {path!r} must start with tinker://")
+        parts = path[len("tinker://") :].split("/")
+        if len(parts) != 3:
+            raise InvalidRequest(f"checkpoint path {path!r} must be tinker://<run_id>/<kind>/<name>")
+        run_id, kind, name = parts
+        if not _RUN.match(run_id):
+            raise InvalidRequest(f"checkpoint path {path!r} has a malformed training run id {run_id!r}")
+        if kind not in CHECKPOINT_KINDS:
+            raise InvalidRequest(f"checkpoint path {path!r} has kind {kind!r}; expected one of {list(CHECKPOINT_KINDS)}")
+        return cls(run_id, kind, check_checkpoint_name(name))  # type: ignore[arg-type]
+
+    @classmethod
+    def from_checkpoint_id(cls, run_id: str, checkpoint_id: str) -> "TinkerPath":
+        return cls.parse(f"tinker://{run_id}/{checkpoint_id}")

@@ -1,0 +1,64 @@
+"""The catalogue of built-in losses: which inputs each needs and which config keys it takes.
+
+The maths lives in the trainer (`functions/trainer/losses.py`); this module only knows the
+contract, so the gateway can refuse a bad request before it reaches an accelerator.
+Definitions follow Tinker's documentation: per-token losses, summed over tokens and datums.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from openrl_core.errors import InvalidRequest
+
+RL_INPUTS = ("target_tokens", "logprobs", "advantages")
+CLIP_INPUTS = ("clip_low_threshold", "clip_high_threshold")
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    name: str
+    required: tuple[str, ...]
+    optional: tuple[str, ...] = ()
+    config_defaults: Mapping[str, float] = field(default_factory=dict)
+
+
+LOSSES: dict[str, LossSpec] = {
+    spec.name: spec
+    for spec in (
+        LossSpec("cross_entropy", ("target_tokens",), ("weights",)),
+        LossSpec("importance_sampling", RL_INPUTS),
+        LossSpec("ppo", RL_INPUTS, CLIP_INPUTS, {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}),
+        LossSpec("cispo", RL_INPUTS, CLIP_INPUTS, {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0}),
+        LossSpec("dro", RL_INPUTS, (), {"beta": 0.05}),
+        LossSpec(
+            "gspo",
+            RL_INPUTS,
+            ("sequence_ratio_mask", *CLIP_INPUTS),
+            {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
+        ),
+    )
+}
+
+
+def loss_spec(loss_fn: str) -> LossSpec:
+    spec = LOSSES.get(loss_fn)
+    if spec is None:
+        raise InvalidRequest(f"unknown loss_fn {loss_fn!r}; supported: {sorted(LOSSES)}")
+    return spec
+
+
+def resolve_config(loss_fn: str, config: Mapping[str, float | str] | None) -> dict[str, float]:
+    """Defaults overlaid with the request's values; unknown or non-numeric keys are refused."""
+    spec = loss_spec(loss_fn)
+    resolved = dict(spec.config_defaults)
+    for key, value in (config or {}).items():
+        if key not in spec.config_defaults:
+            allowed = sorted(spec.config_defaults) or "none"
+            raise InvalidRequest(f"loss_fn_config key {key!r} is not used by {loss_fn!r}; allowed keys: {allowed}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise InvalidRequest(f"loss_fn_config[{key!r}] must be a finite number, got {value!r}")
+        resolved[key] = float(value)
+    return resolved

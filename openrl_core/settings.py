@@ -1,0 +1,71 @@
+"""Process settings: one object per process, from flags and `OPENRL_*` environment variables.
+
+Nothing else reads the environment. Every field says what it does; unknown keys are errors.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from typing_extensions import Annotated
+
+from openrl_core.errors import InvalidRequest
+from openrl_core.ids import check_tenant_name, tenant_for_key
+
+DEFAULT_API_KEY = "tml-openrl-local"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="OPENRL_", extra="forbid")
+
+    host: str = Field("127.0.0.1", description="address the gateway listens on")
+    port: int = Field(8000, ge=0, le=65535, description="port the gateway listens on")
+    data_dir: Path = Field(Path(".data"), description="event log, event store and blobs of the embedded deployment")
+    database_url: Optional[str] = Field(
+        None, description="SQLAlchemy URL of the event store; default a SQLite file in data_dir"
+    )
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: [DEFAULT_API_KEY],
+        description="accepted API keys, comma-separated; an entry `tenant=key` names the key's tenant",
+    )
+    models: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="base models served (comma-separated); empty serves every catalogue model"
+    )
+    local_models: dict[str, str] = Field(
+        default_factory=dict, description="extra base models: name -> local Hugging Face model directory"
+    )
+    model_cache: Optional[Path] = Field(None, description="where materialised models are cached")
+    device: str = Field("cpu", description="torch device of the workers")
+    long_poll_seconds: float = Field(25.0, gt=0, le=40, description="how long retrieve_future holds an unfinished future")
+    inline_payload_limit: int = Field(
+        256 * 1024, ge=1024, description="event payloads above this many bytes go to the blob store by reference"
+    )
+    log_partitions: int = Field(4, ge=1, le=64, description="partitions per topic of the embedded log")
+    log_fsync: bool = Field(True, description="embedded log: fsync every append (SQLite synchronous=FULL)")
+    sampler_max_batch_rows: int = Field(64, ge=1, description="rows (prompts x samples) one sampler batch may hold")
+    max_request_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="largest request body the gateway reads")
+
+    @field_validator("api_keys", "models", mode="before")
+    @classmethod
+    def _split_commas(cls, value):
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    def tenant_keys(self) -> dict[str, str]:
+        """API key -> tenant id."""
+        keys: dict[str, str] = {}
+        for entry in self.api_keys:
+            tenant, sep, key = entry.partition("=")
+            if not sep:
+                tenant, key = tenant_for_key(entry), entry
+            if not key.startswith("tml-"):
+                raise InvalidRequest("API keys must start with 'tml-' (the tinker SDK refuses any other)")
+            keys[key] = check_tenant_name(tenant)
+        return keys
+
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{(self.data_dir / 'events.db').resolve()}"

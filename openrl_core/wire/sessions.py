@@ -1,0 +1,50 @@
+"""Client configuration, sessions, heartbeats, telemetry."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+from pydantic import Field
+
+from openrl_core.wire.base import WireRequest, WireResponse
+
+
+class ClientConfigRequest(WireRequest):
+    sdk_version: Optional[str] = None
+
+
+class CreateSessionRequest(WireRequest):
+    tags: list[str] = Field(default_factory=list)
+    user_metadata: dict[str, Any] = Field(default_factory=dict)
+    sdk_version: Optional[str] = None
+    project_id: Optional[str] = None
+    display_name: Optional[str] = None
+
+
+class CreateSessionResponse(WireResponse):
+    type: Literal["create_session"] = "create_session"
+    session_id: str
+    info_message: Optional[str] = None
+
+
+class SessionHeartbeatRequest(WireRequest):
+    session_id: str
+
+
+class FinishReason(WireRequest):
+    type: str = "success"
+
+
+class FinishSessionRequest(WireRequest):
+    reason: FinishReason = Field(default_factory=FinishReason)
+    detail: Optional[str] = None
+
+
+class TelemetryEvent(WireRequest):
+    event: str = "GENERIC_EVENT"
+
+
+class TelemetrySendRequest(WireRequest):
+    events: list[TelemetryEvent] = Field(default_factory=list)
+    session_id: Optional[str] = None
+    sdk_version: Optional[str] = None

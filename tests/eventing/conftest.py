@@ -1,0 +1,49 @@
+"""Event-store fixtures: the same tests run on SQLite and on the local PostgreSQL server."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from eventing.blobs import BlobStore
+from eventing.codec import Codec
+from eventing.store import database
+from eventing.store.event_store import EventStore
+from eventing.store.queries import Projections
+
+PG_ADMIN = os.environ.get("OPENRL_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+
+
+@pytest.fixture
+def pg_url():
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+    name = "openrl_test_" + uuid.uuid4().hex[:12]
+    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = PG_ADMIN.rsplit("/", 1)[0] + "/" + name
+    try:
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_url(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'events.db'}"
+    return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+def store(store_url, tmp_path):
+    engine = database.make_engine(store_url)
+    database.upgrade(engine)
+    codec = Codec(BlobStore(tmp_path / "blobs"), inline_limit=2048)
+    yield EventStore(engine, codec), Projections(engine)
+    engine.dispose()

@@ -1,0 +1,122 @@
+"""The event store on SQLite and PostgreSQL: idempotency, dedup, projections, outbox."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from eventing.store.event_store import Dedup
+from openrl_core.datum import Datum, DatumRecord
+from openrl_core.errors import Conflict
+from openrl_core.events import new_event
+from openrl_core.events import sessions as se
+from openrl_core.events import training as te
+from openrl_core.events.lifecycle import BlobRef, CheckpointSaved, RequestCompleted, RequestFailed
+from openrl_core.params import AdamParams, LoraConfig
+
+T = "alice"
+
+
+def ev(type_, payload, tenant=T, key=None):
+    return new_event(type_, payload, tenant=tenant, source="/test", key=key)
+
+
+def session(store, sid="s1", tenant=T):
+    store.append(ev(se.SESSION_CREATED, se.SessionCreated(session_id=sid), tenant))
+
+
+def create_model(store, sid="s1", n=0, tenant=T, request_id="req-create"):
+    payload = te.CreateModelRequested(
+        request_id=request_id, session_id=sid, model_id=f"{sid}:train:{n}", model_seq_id=n,
+        base_model="openrl/tiny-qwen3", lora_config=LoraConfig(rank=4),
+    )  # fmt: skip
+    return store.append(ev(te.CREATE_MODEL["requested"], payload, tenant), dedup=Dedup.of(f"model:{sid}:{n}", b"body"))
+
+
+def test_an_event_is_stored_once(store):
+    store, _ = store
+    event = ev(se.SESSION_CREATED, se.SessionCreated(session_id="s1"))
+    assert store.append(event).stored
+    assert not store.append(event).stored  # a redelivery
+    assert [e.id for _, e in store.read()] == [event.id]
+
+
+def test_projection_of_a_model_lifecycle(store):
+    store, reads = store
+    session(store)
+    create_model(store)
+    run = reads.run(T, "s1:train:0")
+    assert run.state == "creating" and run.lora_rank == 4
+    assert reads.future(T, "req-create").state == "pending"
+    done = RequestCompleted(request_id="req-create", result={"model_id": "s1:train:0", "type": "create_model"})
+    store.append(ev(te.CREATE_MODEL["completed"], done))
+    assert reads.run(T, "s1:train:0").state == "ready"
+    future = reads.future(T, "req-create")
+    assert future.state == "completed" and future.result["model_id"] == "s1:train:0"
+    # a late failure for a finished future changes nothing
+    store.append(ev(te.CREATE_MODEL["failed"], RequestFailed(request_id="req-create", error="late")))
+    assert reads.future(T, "req-create").state == "completed"
+
+
+def test_a_retried_submission_returns_the_first_future_and_another_body_conflicts(store):
+    store, reads = store
+    session(store)
+    assert create_model(store).stored
+    again = create_model(store, request_id="req-retry")
+    assert again.duplicate_of == "req-create" and not again.stored
+    assert reads.future(T, "req-retry") is None
+    payload = te.OptimStepRequested(request_id="r2", model_id="s1:train:0", seq_id=1, adam_params=AdamParams())
+    with pytest.raises(Conflict):
+        store.append(ev(te.OPTIM_STEP["requested"], payload), dedup=Dedup.of("model:s1:0", b"other body"))
+
+
+def test_a_refused_seq_id_stays_used(store):
+    store, _ = store
+    dedup = Dedup.of("seq:s1:train:0:5", b"bad")
+    store.reject_submission(T, dedup)
+    store.reject_submission(T, dedup)  # the same refused request again: fine
+    payload = te.OptimStepRequested(request_id="r5", model_id="s1:train:0", seq_id=5, adam_params=AdamParams())
+    with pytest.raises(Conflict, match="refused"):
+        store.append(ev(te.OPTIM_STEP["requested"], payload), dedup=Dedup.of("seq:s1:train:0:5", b"good"))
+
+
+def test_tenants_do_not_see_each_other(store):
+    store, reads = store
+    session(store, "s1", "alice")
+    create_model(store, "s1", tenant="alice")
+    assert reads.session("bob", "s1") is None
+    assert reads.run("bob", "s1:train:0") is None
+    assert reads.future("bob", "req-create") is None
+    assert reads.run("alice", "s1:train:0") is not None
+
+
+def test_checkpoints_and_outbox(store):
+    store, reads = store
+    session(store)
+    create_model(store)
+    save = te.SaveWeightsRequested(request_id="req-save", model_id="s1:train:0", seq_id=1, name="final")
+    store.append(ev(te.SAVE_WEIGHTS["requested"], save), outbox_topic="openrl.alice.training")
+    pending = store.unpublished()
+    assert [(e.id, topic) for e, topic in pending] == [(pending[0][0].id, "openrl.alice.training")]
+    store.mark_published(pending[0][0].id)
+    assert store.unpublished() == []
+    ref = BlobRef(sha256="a" * 64, size=10)
+    checkpoint = CheckpointSaved(run_id="s1:train:0", kind="weights", name="final", files={"adapter_model.safetensors": ref})
+    done = RequestCompleted(request_id="req-save", result={"path": checkpoint.tinker_path}, checkpoint=checkpoint)
+    store.append(ev(te.SAVE_WEIGHTS["completed"], done))
+    row = reads.checkpoint(T, "s1:train:0", "weights/final")
+    assert row.tinker_path == "tinker://s1:train:0/weights/final" and row.size_bytes == 10
+    assert reads.run(T, "s1:train:0").last_checkpoint == "weights/final"
+    assert reads.checkpoint("bob", "s1:train:0", "weights/final") is None
+
+
+def test_large_payloads_are_stored_by_reference_and_read_back(store):
+    store, _ = store
+    datum = Datum(np.arange(3000, dtype=np.int64), {"target_tokens": np.arange(3000, dtype=np.int64)})
+    payload = te.ForwardBackwardRequested(
+        request_id="req-big", model_id="s1:train:0", seq_id=1, loss_fn="cross_entropy", data=[DatumRecord.from_datum(datum)]
+    )
+    event = ev(te.FORWARD_BACKWARD["requested"], payload)
+    store.append(event)
+    [(_, back)] = store.read()
+    assert back == event
