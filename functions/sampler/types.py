@@ -1,0 +1,50 @@
+"""What the sampler worker hands the engine and what it gets back.
+
+A `SampleJob` is one Tinker `asample` request reduced to token ids; a `SampleResult` holds
+exactly what `SampleResponse` needs (protocol §9.4). Logprobs are always under the
+model's raw distribution (temperature 1, no top-k/top-p), because RL importance ratios
+compare them with the trainer's logprobs of the same tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+from openrl_core.params import SamplingParams
+
+StopReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SampleJob:
+    prompt_tokens: list[int]
+    num_samples: int
+    params: SamplingParams
+    prompt_logprobs: bool = False
+    # k > 0 asks for the k most likely tokens at every prompt position, best first.
+    topk_prompt_logprobs: int = 0
+    # Only the last n prompt positions get (top-k) prompt logprobs; the others are None,
+    # which the SDK checks (it raises if a position before the suffix has a value).
+    prompt_logprobs_last_n: Optional[int] = None
+    # Key given to `SamplerEngine.load_adapter`; None samples the base model.
+    adapter: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class SampledSequence:
+    # Generated ids only; they include the stop token or the tokens that completed a
+    # stop string, as the cookbook's renderers expect.
+    tokens: list[int]
+    # One per token: log p(token | prompt + earlier tokens) under the raw distribution.
+    logprobs: list[float]
+    stop_reason: StopReason
+
+
+@dataclass(frozen=True)
+class SampleResult:
+    sequences: list[SampledSequence]  # exactly num_samples, in sample order
+    # len(prompt); None at position 0, before the last n positions, or when not asked.
+    prompt_logprobs: Optional[list[Optional[float]]]
+    # Per prompt position, k (token, logprob) pairs best first; None where not computed.
+    topk_prompt_logprobs: Optional[list[Optional[list[tuple[int, float]]]]]

@@ -1,0 +1,242 @@
+"""The trainer's compute engine: many LoRA adapters on one frozen base model, driven by calls.
+
+The engine knows nothing about events, queues or storage: it is called with a model id and
+token ids and answers with numbers and files. Invariants:
+- The base model is loaded once, in float32, frozen, in eval mode (no dropout); each adapter
+  (one per model id, each with its own rank and optimizer state) is a PEFT adapter on it, and
+  each call activates the adapter it names.
+- Gradients accumulate in the adapter's own parameters across `forward_backward` calls until
+  `optim_step` applies and clears them; adapters share no parameters, so they never mix.
+- Everything is deterministic on CPU: the same sequence of calls gives bitwise the same
+  weights (seeded initialisation, fixed reduction order, no sampling).
+- Bad calls raise `openrl_core.errors` types (NotFound, Conflict, InvalidRequest).
+
+`optim_step` returns {"optim/grad_norm": global L2 norm of the adapter's accumulated gradient
+before clipping, "optim/lr": the learning rate applied}. tinker-cookbook merges optim_step
+metrics as-is into its step log, whose optimizer keys already live under "optim/" (e.g.
+"optim/lr", "optim/kl_sample_train_v1"), so these names group with them and collide with no
+key of its own. No ':' in them: that suffix means a reduction only in forward_backward metrics.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+import torch
+
+from functions.compute.models import ModelFiles, load_causal_lm
+from functions.trainer import adapters, batching, optimizer
+from functions.trainer.losses import datum_loss
+from openrl_core.datum import Datum, validate_batch
+from openrl_core.errors import Conflict, InvalidRequest, NotFound, ServerError
+from openrl_core.losses import resolve_config
+from openrl_core.params import AdamParams, LoraConfig
+
+# Bound on B * max(N) for one forward pass; larger batches run as consecutive microbatches.
+DEFAULT_MAX_PADDED_TOKENS = 8192
+
+
+@dataclass(frozen=True)
+class ForwardBackwardResult:
+    logprobs: list[np.ndarray]  # one per datum, float32, shaped like its target_tokens
+    metrics: dict[str, float]  # {"loss:sum": ...}
+
+
+@dataclass
+class _Adapter:
+    name: str  # the internal PEFT adapter name
+    lora: LoraConfig
+    params: dict[str, torch.nn.Parameter]  # PEFT file key -> parameter
+    adam: optimizer.AdamState
+
+
+class TrainerEngine:
+    def __init__(
+        self,
+        files: ModelFiles,
+        device: str = "cpu",
+        max_padded_tokens: int = DEFAULT_MAX_PADDED_TOKENS,
+        max_padding: float = batching.MAX_PADDING,
+    ):
+        """Load the base model once; the two limits shape microbatches (see batching.microbatches)."""
+        self._files = files
+        self._device = torch.device(device)
+        self._max_padded_tokens = max_padded_tokens
+        self._max_padding = max_padding
+        base = load_causal_lm(files, dtype=torch.float32, device=device)
+        base.eval()
+        base.requires_grad_(False)
+        config = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
+        rescales = getattr(config, "logit_scale", None) not in (None, 1, 1.0)
+        if getattr(config, "final_logit_softcapping", None) or rescales:
+            # logprobs are computed as lm_head(decoder(x)); a model that rescales logits after
+            # lm_head would get wrong logprobs silently.
+            raise ServerError(f"{files.name}: models that rescale logits after lm_head are not supported")
+        self._base = base
+        self._peft = None  # the PeftModel, created with the first adapter
+        self._adapters: dict[str, _Adapter] = {}
+
+    # -- adapters -------------------------------------------------------------------------
+
+    def create_adapter(self, model_id: str, lora: LoraConfig) -> None:
+        """A fresh adapter (B = 0, so the model is unchanged) with its own optimizer state."""
+        if model_id in self._adapters:
+            raise Conflict(f"model {model_id!r} already has an adapter")
+        name = adapters.internal_name(model_id)
+        config = adapters.peft_config(lora)
+        # PEFT draws its own initial weights from the global RNG; fork it so the engine leaves
+        # no trace there (our seeded initialisation below overwrites those weights anyway).
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            # Tied-embedding models (tiny Qwen3) warn that lm_head is tied; the LoRA on lm_head
+            # is meant to act on the output projection only, which is what PEFT does.
+            warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*")
+            try:
+                if self._peft is None:
+                    from peft import get_peft_model
+
+                    self._peft = get_peft_model(self._base, config, adapter_name=name)
+                else:
+                    self._peft.add_adapter(name, config)
+            except ValueError as error:
+                raise InvalidRequest(f"cannot put this LoRA on {self._files.name}: {error}") from error
+        params = adapters.adapter_parameters(self._peft, name)
+        adapters.initialize(params, adapters.init_seed(model_id, lora))
+        self._adapters[model_id] = _Adapter(name, lora, params, optimizer.fresh_state(params))
+
+    def has_adapter(self, model_id: str) -> bool:
+        return model_id in self._adapters
+
+    def drop_adapter(self, model_id: str) -> None:
+        adapter = self._require(model_id)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*was active which is now deleted.*")
+            self._peft.delete_adapter(adapter.name)
+        del self._adapters[model_id]
+
+    def lora_config_of(self, files: Mapping[str, bytes]) -> LoraConfig:
+        return adapters.lora_config_of(files)
+
+    # -- training -------------------------------------------------------------------------
+
+    def forward_backward(
+        self,
+        model_id: str,
+        batch: list[Datum],
+        loss_fn: str,
+        loss_fn_config: dict[str, float] | None,
+        forward_only: bool,
+    ) -> ForwardBackwardResult:
+        """Per-datum target logprobs and the summed loss; unless forward_only, add its gradient."""
+        adapter = self._require(model_id)
+        config = resolve_config(loss_fn, loss_fn_config)
+        validate_batch(batch, loss_fn, self._files.vocab_size)
+        self._activate(adapter)
+        decoder, lm_head = self._peft.get_decoder(), self._peft.get_output_embeddings()
+
+        logprobs: list[np.ndarray | None] = [None] * len(batch)
+        loss_sum = 0.0
+        for group in batching.microbatches(batch, self._max_padded_tokens, self._max_padding):
+            micro = [batch[i] for i in group]
+            with torch.set_grad_enabled(not forward_only):
+                logprobs_D = batching.target_logprobs(decoder, lm_head, micro)
+                loss = self._batch_loss(loss_fn, config, micro, logprobs_D)
+                if loss.requires_grad:
+                    loss.backward()
+            loss_sum += float(loss.detach())
+            for index, logprobs_S in zip(group, logprobs_D):
+                logprobs[index] = logprobs_S.detach().cpu().numpy().astype(np.float32, copy=False)
+        return ForwardBackwardResult(logprobs=logprobs, metrics={"loss:sum": loss_sum})
+
+    def optim_step(self, model_id: str, params: AdamParams) -> dict[str, float]:
+        """Apply the accumulated gradient with AdamW (see optimizer.py) and clear it."""
+        adapter = self._require(model_id)
+        grad_norm = optimizer.adamw_step(adapter.params, adapter.adam, params)
+        self._clear_gradients(adapter)
+        return {"optim/grad_norm": grad_norm, "optim/lr": float(params.learning_rate)}
+
+    # -- checkpoints ----------------------------------------------------------------------
+
+    def export_adapter(self, model_id: str) -> dict[str, bytes]:
+        adapter = self._require(model_id)
+        return adapters.export_files(adapter.params, adapter.lora, self._files.name)
+
+    def export_state(self, model_id: str) -> dict[str, bytes]:
+        """Adapter files plus optimizer state; gradients accumulated since the last step are not saved."""
+        adapter = self._require(model_id)
+        return {**self.export_adapter(model_id), **optimizer.state_to_files(adapter.adam)}
+
+    def import_state(self, model_id: str, files: Mapping[str, bytes], with_optimizer: bool) -> None:
+        """Load exported files; creates the adapter from their adapter_config.json if it is missing.
+
+        An existing adapter must have the files' rank and modules (Conflict otherwise). Without
+        the optimizer the moments restart from zero; either way pending gradients are dropped.
+        """
+        lora = adapters.lora_config_of(files)
+        created = model_id not in self._adapters
+        if created:
+            self.create_adapter(model_id, lora)
+        adapter = self._adapters[model_id]
+        if adapters.target_modules(adapter.lora) != adapters.target_modules(lora) or adapter.lora.rank != lora.rank:
+            raise Conflict(f"model {model_id!r} has a rank-{adapter.lora.rank} adapter; this checkpoint doesn't fit it")
+        try:
+            # Both checks come before any write, so a bad checkpoint leaves the adapter as it was.
+            if with_optimizer:
+                adam = optimizer.state_from_files(files, adapter.params)
+            else:
+                adam = optimizer.fresh_state(adapter.params)
+            adapters.load_weights(adapter.params, files)
+        except InvalidRequest:
+            if created:
+                self.drop_adapter(model_id)
+            raise
+        adapter.adam = adam
+        self._clear_gradients(adapter)
+
+    # -- introspection (tests, debugging) ------------------------------------------------
+
+    def adapter_weights(self, model_id: str) -> dict[str, np.ndarray]:
+        adapter = self._require(model_id)
+        return {key: p.detach().cpu().numpy().copy() for key, p in adapter.params.items()}
+
+    def adapter_gradients(self, model_id: str) -> dict[str, np.ndarray]:
+        """Accumulated gradients (zeros where none arrived yet)."""
+        adapter = self._require(model_id)
+        return {
+            key: (p.grad.detach().cpu().numpy().copy() if p.grad is not None else np.zeros(tuple(p.shape), np.float32))
+            for key, p in adapter.params.items()
+        }
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _require(self, model_id: str) -> _Adapter:
+        adapter = self._adapters.get(model_id)
+        if adapter is None:
+            raise NotFound(f"model {model_id!r} has no adapter on this trainer")
+        return adapter
+
+    def _activate(self, adapter: _Adapter) -> None:
+        # set_adapter also gives the active adapter's parameters requires_grad and takes it
+        # from every other adapter's, so backward reaches this adapter only.
+        self._peft.set_adapter(adapter.name)
+
+    @staticmethod
+    def _clear_gradients(adapter: _Adapter) -> None:
+        for p in adapter.params.values():
+            p.grad = None
+
+    def _batch_loss(
+        self, loss_fn: str, config: dict[str, float], micro: list[Datum], logprobs_D: list[torch.Tensor]
+    ) -> torch.Tensor:
+        total = torch.zeros((), dtype=torch.float32, device=self._device)
+        for datum, logprobs_S in zip(micro, logprobs_D):
+            inputs = {
+                key: torch.from_numpy(np.asarray(value, dtype=np.float32)).to(self._device)
+                for key, value in datum.loss_fn_inputs.items()
+                if key != "target_tokens"
+            }
+            total = total + datum_loss(loss_fn, logprobs_S, inputs, config)
+        return total
+

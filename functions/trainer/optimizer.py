@@ -1,0 +1,123 @@
+"""AdamW over one adapter's LoRA parameters, with every hyperparameter supplied per step.
+
+Tinker's `optim_step` carries a full `AdamParams` on every call (a client may schedule the
+learning rate, betas, eps, weight decay or clip norm from step to step), so the optimizer
+keeps only the per-parameter state: the step count and the two moment buffers. The update is
+torch's AdamW, written out so that its state is plain named tensors that export to
+safetensors without pickle:
+
+    g   <- g * min(1, clip / (||g|| + 1e-6))    only when grad_clip_norm > 0 (torch's rule)
+    p   <- p * (1 - lr * weight_decay)          decoupled weight decay
+    m   <- beta1 * m + (1 - beta1) * g
+    v   <- beta2 * v + (1 - beta2) * g^2
+    p   <- p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+
+||g|| is the global L2 norm over all of the adapter's gradients; the step reports it BEFORE
+clipping. A parameter without a gradient (nothing reached it since the last step) steps with
+a zero gradient, so all of an adapter's parameters share one step count.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import torch
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+
+from openrl_core.errors import InvalidRequest
+from openrl_core.params import AdamParams
+
+STATE_TENSORS = "optimizer.safetensors"
+STATE_META = "optimizer.json"
+STATE_FORMAT = "openrl.adamw.v1"
+# torch.nn.utils.clip_grad_norm_ adds this to the norm before dividing; kept for parity.
+CLIP_EPSILON = 1e-6
+
+
+@dataclass
+class AdamState:
+    """Moments keyed like the adapter's parameters (PEFT key names)."""
+
+    step: int = 0
+    exp_avg: dict[str, torch.Tensor] = field(default_factory=dict)
+    exp_avg_sq: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def fresh_state(params: Mapping[str, torch.nn.Parameter]) -> AdamState:
+    return AdamState(
+        step=0,
+        exp_avg={name: torch.zeros_like(p, memory_format=torch.contiguous_format) for name, p in params.items()},
+        exp_avg_sq={name: torch.zeros_like(p, memory_format=torch.contiguous_format) for name, p in params.items()},
+    )
+
+
+def global_grad_norm(grads: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    norms = [torch.linalg.vector_norm(g) for g in grads.values()]
+    if not norms:
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.stack(norms))
+
+
+@torch.no_grad()
+def adamw_step(params: Mapping[str, torch.nn.Parameter], state: AdamState, hp: AdamParams) -> float:
+    """Apply one AdamW update in place from the parameters' `.grad`; return the pre-clip grad norm."""
+    grads = {name: (p.grad if p.grad is not None else torch.zeros_like(p)) for name, p in params.items()}
+    grad_norm = global_grad_norm(grads)
+    if hp.grad_clip_norm > 0:
+        coefficient = torch.clamp(hp.grad_clip_norm / (grad_norm + CLIP_EPSILON), max=1.0)
+        grads = {name: g * coefficient for name, g in grads.items()}
+
+    state.step += 1
+    bias_correction1 = 1.0 - hp.beta1**state.step
+    bias_correction2_sqrt = math.sqrt(1.0 - hp.beta2**state.step)
+    step_size = hp.learning_rate / bias_correction1
+    for name in sorted(params):
+        p, g = params[name], grads[name]
+        m, v = state.exp_avg[name], state.exp_avg_sq[name]
+        p.mul_(1.0 - hp.learning_rate * hp.weight_decay)
+        m.mul_(hp.beta1).add_(g, alpha=1.0 - hp.beta1)
+        v.mul_(hp.beta2).addcmul_(g, g, value=1.0 - hp.beta2)
+        denominator = (v.sqrt() / bias_correction2_sqrt).add_(hp.eps)
+        p.addcdiv_(m, denominator, value=-step_size)
+    return float(grad_norm)
+
+
+def state_to_files(state: AdamState) -> dict[str, bytes]:
+    tensors = {}
+    for name in sorted(state.exp_avg):
+        tensors[f"exp_avg/{name}"] = state.exp_avg[name].detach().cpu().contiguous()
+        tensors[f"exp_avg_sq/{name}"] = state.exp_avg_sq[name].detach().cpu().contiguous()
+    meta = {"format": STATE_FORMAT, "step": state.step}
+    return {
+        STATE_TENSORS: save_safetensors(tensors),
+        STATE_META: json.dumps(meta, sort_keys=True).encode(),
+    }
+
+
+def state_from_files(files: Mapping[str, bytes], params: Mapping[str, torch.nn.Parameter]) -> AdamState:
+    """Rebuild the state for `params`; the files must hold a moment pair for exactly those names."""
+    if STATE_TENSORS not in files or STATE_META not in files:
+        raise InvalidRequest("the checkpoint holds no optimizer state; load it without the optimizer")
+    try:
+        meta = json.loads(files[STATE_META])
+        tensors = load_safetensors(files[STATE_TENSORS])
+    except (ValueError, RuntimeError) as error:
+        raise InvalidRequest(f"the checkpoint's optimizer state is unreadable: {error}") from error
+    if not isinstance(meta, dict) or meta.get("format") != STATE_FORMAT or not isinstance(meta.get("step"), int):
+        raise InvalidRequest(f"the checkpoint's optimizer state is not in format {STATE_FORMAT}")
+    expected = {f"{kind}/{name}" for name in params for kind in ("exp_avg", "exp_avg_sq")}
+    if set(tensors) != expected:
+        raise InvalidRequest("the checkpoint's optimizer state does not match the adapter's parameters")
+    state = AdamState(step=int(meta["step"]))
+    for name, p in params.items():
+        for kind, buffers in (("exp_avg", state.exp_avg), ("exp_avg_sq", state.exp_avg_sq)):
+            tensor = tensors[f"{kind}/{name}"]
+            if tensor.shape != p.shape:
+                shape, expected = list(tensor.shape), list(p.shape)
+                raise InvalidRequest(f"optimizer state {kind}/{name} has shape {shape}, expected {expected}")
+            buffers[name] = tensor.to(device=p.device, dtype=p.dtype).contiguous()
+    return state
