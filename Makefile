@@ -33,6 +33,7 @@ demo: install
 bench: install
 	$(PY) bench/fwdbwd_roundtrip.py
 	$(PY) bench/retrieve_latency.py
+	$(PY) bench/sampling_roundtrip.py
 
 serve: install
 	$(VENV)/bin/openrl serve

@@ -44,7 +44,7 @@ class DirectPeft:
         loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(loss)
+        return loss.item()
 
 
 def main() -> None:

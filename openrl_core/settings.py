@@ -46,6 +46,7 @@ class Settings(BaseSettings):
     log_partitions: int = Field(4, ge=1, le=64, description="partitions per topic of the embedded log")
     log_fsync: bool = Field(True, description="embedded log: fsync every append (SQLite synchronous=FULL)")
     sampler_max_batch_rows: int = Field(64, ge=1, description="rows (prompts x samples) one sampler batch may hold")
+    sampler_max_adapters: int = Field(16, ge=1, description="adapters a sampler keeps loaded per base model (LRU)")
     max_request_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="largest request body the gateway reads")
 
     @field_validator("api_keys", "models", mode="before")

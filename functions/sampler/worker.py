@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from typing import Optional
 
 from eventing import topics
@@ -40,6 +40,8 @@ class SamplerWorker:
         turns: Optional[AcceleratorTurns] = None,
         device: str = "cpu",
         max_batch_rows: int = 64,
+        max_adapters: int = 16,
+        linger: float = 0.02,
         group: str = "openrl-sampler",
     ) -> None:
         self.publisher = publisher
@@ -48,8 +50,13 @@ class SamplerWorker:
         self.turns = turns or AcceleratorTurns()
         self.device = device
         self.max_batch_rows = max_batch_rows
+        self.max_adapters = max_adapters
+        self.linger = linger
         self.consumer = bus.consumer(group, pattern=topics.pattern("sampling"))
         self._engines: dict = {}
+        # Adapters loaded per base model, least recently used first. Every published version
+        # of every tenant's weights is a new key, so without eviction memory only grows.
+        self._adapters: dict[str, OrderedDict[str, None]] = defaultdict(OrderedDict)
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -62,6 +69,13 @@ class SamplerWorker:
 
     def run_once(self, timeout: float = 1.0) -> int:
         records = self.consumer.poll(max_records=self.max_batch_rows, timeout=timeout)
+        # Requests a client sends together reach the log a few milliseconds apart; waiting a
+        # moment for the rest turns them into one batch instead of one batch each.
+        while records and len(records) < self.max_batch_rows:
+            more = self.consumer.poll(max_records=self.max_batch_rows - len(records), timeout=self.linger)
+            if not more:
+                break
+            records += more
         by_model: dict[str, list[Event]] = defaultdict(list)
         for record in records:
             try:
@@ -94,9 +108,10 @@ class SamplerWorker:
                 self._fail(event, exc)
             return
         jobs: list[tuple[Event, SampleJob]] = []
+        in_use: set[str] = set()
         for event in events:
             try:
-                job = self._job(engine, event)
+                job = self._job(engine, base_model, event, in_use)
                 engine.validate(job)
                 jobs.append((event, job))
             except Exception as exc:
@@ -113,15 +128,20 @@ class SamplerWorker:
         for (event, _job), result in zip(jobs, results):
             self._complete(event, result)
 
-    def _job(self, engine, event: Event) -> SampleJob:
+    def _job(self, engine, base_model: str, event: Event, in_use: set[str]) -> SampleJob:
         data = event.data
         adapter_key = None
         if data.adapter:
             weights = data.adapter[ADAPTER_WEIGHTS]
             adapter_key = f"{event.tenant}:{weights.sha256}"
+            loaded = self._adapters[base_model]
             if not engine.has_adapter(adapter_key):
+                self._evict(engine, loaded, in_use)
                 files = {name: self.blobs.get(event.tenant, ref) for name, ref in data.adapter.items()}
                 engine.load_adapter(adapter_key, files)
+            loaded[adapter_key] = None
+            loaded.move_to_end(adapter_key)
+            in_use.add(adapter_key)
         return SampleJob(
             prompt_tokens=list(data.prompt_tokens),
             num_samples=data.num_samples,
@@ -131,6 +151,15 @@ class SamplerWorker:
             prompt_logprobs_last_n=data.prompt_logprobs_last_n,
             adapter=adapter_key,
         )
+
+    def _evict(self, engine, loaded: OrderedDict, in_use: set[str]) -> None:
+        """Make room for one more adapter, dropping the least recently used idle ones."""
+        for key in list(loaded):
+            if len(loaded) < self.max_adapters:
+                return
+            if key not in in_use:
+                engine.drop_adapter(key)
+                del loaded[key]
 
     def _complete(self, event: Event, result: SampleResult) -> None:
         payload = {

@@ -33,6 +33,9 @@ async def retrieve_future(request: Request, ctx: GatewayContext = Depends(get_ct
     deadline = time.monotonic() + ctx.settings.long_poll_seconds
     with ctx.waiters.watch(body.request_id) as woken:
         while True:
+            # Clear before reading, never after: a completion that lands while the store is
+            # being read must still end the wait below.
+            woken.clear()
             row = await run_in_threadpool(ctx.projections.future, tenant, body.request_id)
             if row is None:
                 raise NotFound(f"unknown request_id {body.request_id!r}")
@@ -41,9 +44,10 @@ async def retrieve_future(request: Request, ctx: GatewayContext = Depends(get_ct
                 return render(row, request.headers.get("accept", ""))
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                # 408 with the try_again body: the SDK re-polls at once either way, but a 200
+                # try_again also logs a warning per poll, which floods long training runs.
                 queue_state = TryAgainResponse(request_id=body.request_id)
-                return JSONResponse(queue_state.model_dump(exclude_none=True))
-            woken.clear()
+                return JSONResponse(queue_state.model_dump(exclude_none=True), status_code=408)
             try:
                 await asyncio.wait_for(woken.wait(), timeout=remaining)
             except asyncio.TimeoutError:

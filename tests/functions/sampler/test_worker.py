@@ -1,0 +1,100 @@
+"""The sampler worker over the real embedded log and tiny model: batching, failure
+isolation, adapters by content hash with LRU eviction."""
+
+from __future__ import annotations
+
+import pytest
+
+from eventing import topics
+from eventing.blobs import BlobStore
+from eventing.bus import EventPublisher
+from eventing.codec import Codec
+from eventing.embedded_log import EmbeddedLog
+from functions.compute.models import ModelDirectory
+from functions.sampler.worker import SamplerWorker
+from functions.trainer.engine import TrainerEngine
+from openrl_core.catalog import Catalog, TINY_QWEN3
+from openrl_core.events import new_event
+from openrl_core.events.sampling import SAMPLE, SampleRequested
+from openrl_core.params import LoraConfig, SamplingParams
+
+TENANT = "alice"
+
+
+@pytest.fixture
+def rig(tmp_path, tiny_files):
+    log = EmbeddedLog(tmp_path / "log.db")
+    codec = Codec(BlobStore(tmp_path / "blobs"))
+    publisher = EventPublisher(log, codec)
+    worker = SamplerWorker(log, publisher, codec.blobs, ModelDirectory(Catalog.from_names([TINY_QWEN3])), max_adapters=2)
+    completions = log.consumer("test", pattern=topics.pattern("completions"))
+    yield worker, publisher, completions, codec
+    log.close()
+
+
+def request(request_id, prompt=(1, 2, 3), adapter=None, num_samples=2, seed=5):
+    return SampleRequested(
+        request_id=request_id,
+        sampling_session_id="s1:sample:0",
+        seq_id=0,
+        base_model=TINY_QWEN3,
+        adapter=adapter,
+        prompt_tokens=list(prompt),
+        num_samples=num_samples,
+        sampling_params=SamplingParams(max_tokens=4, seed=seed),
+        sample_sequence_ids=[f"{request_id}:{i}" for i in range(num_samples)],
+    )
+
+
+def send(publisher, payload):
+    event = new_event(SAMPLE["requested"], payload, tenant=TENANT, source="/test", key=payload.sampling_session_id)
+    publisher.publish(topics.topic(TENANT, "sampling"), event)
+
+
+def collect(worker, completions, codec, expected):
+    out = {}
+    for _ in range(40):
+        worker.run_once(timeout=0.1)
+        for record in completions.poll(timeout=0.1):
+            event = codec.decode(record.message)
+            out[event.data.request_id] = event
+        if len(out) >= expected:
+            break
+    return out
+
+
+def test_a_bad_request_fails_alone_in_its_batch(rig):
+    worker, publisher, completions, codec = rig
+    send(publisher, request("good-1"))
+    send(publisher, request("bad", prompt=(1, 10**7)))
+    send(publisher, request("good-2", num_samples=3))
+    done = collect(worker, completions, codec, 3)
+    assert done["bad"].type == SAMPLE["failed"] and done["bad"].data.category == "user"
+    assert len(done["good-1"].data.result["sequences"]) == 2
+    assert len(done["good-2"].data.result["sequences"]) == 3
+    for sequence in done["good-2"].data.result["sequences"]:
+        assert len(sequence["tokens"]) == len(sequence["logprobs"]) <= 4
+
+
+def test_adapters_are_cached_by_content_and_evicted_least_recently_used(rig, tiny_files):
+    worker, publisher, completions, codec = rig
+    trainer = TrainerEngine(tiny_files)
+    refs = []
+    for i in range(3):
+        trainer.create_adapter(f"m{i}", LoraConfig(rank=2, seed=i))
+        for name, param in trainer._adapters[f"m{i}"].params.items():  # non-zero B, so adapters differ
+            if "lora_B" in name:
+                param.data.fill_(0.01 * (i + 1))
+        files = trainer.export_adapter(f"m{i}")
+        refs.append({name: codec.blobs.put(TENANT, content) for name, content in files.items()})
+    for i, ref in enumerate(refs):
+        send(publisher, request(f"r{i}", adapter=ref))
+        assert collect(worker, completions, codec, 1)[f"r{i}"].type == SAMPLE["completed"]
+    engine = worker.engine(TINY_QWEN3)
+    keys = [f"{TENANT}:{ref['adapter_model.safetensors'].sha256}" for ref in refs]
+    assert not engine.has_adapter(keys[0]) and engine.has_adapter(keys[1]) and engine.has_adapter(keys[2])
+    # the same weights again, from a fresh request: same tokens as before (same seed)
+    send(publisher, request("again", adapter=refs[2]))
+    send(publisher, request("first-again", adapter=refs[0]))  # reloaded after eviction
+    done = collect(worker, completions, codec, 2)
+    assert done["again"].type == done["first-again"].type == SAMPLE["completed"]
