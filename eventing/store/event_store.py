@@ -27,14 +27,22 @@ from openrl_core.events.lifecycle import BlobRef
 
 @dataclass(frozen=True)
 class Dedup:
-    """A submission's identity, e.g. `fb:<model_id>:<seq_id>`, and its payload's hash."""
+    """A submission's identity, e.g. `seq:<model_id>:<seq_id>`, and its payload's hash.
+
+    `rejected` marks a submission the gateway refused: its identity stays used (its
+    seq_id was skipped), so a later, different body under it is a conflict.
+    """
 
     key: str
     payload_sha256: str
+    rejected: bool = False
 
     @classmethod
     def of(cls, key: str, payload: bytes) -> "Dedup":
         return cls(key, hashlib.sha256(payload).hexdigest())
+
+    def refused(self) -> "Dedup":
+        return Dedup(self.key, self.payload_sha256, rejected=True)
 
 
 @dataclass(frozen=True)
@@ -53,16 +61,15 @@ class EventStore:
         try:
             with self.engine.begin() as conn:
                 if dedup is not None:
-                    earlier = self._earlier_submission(conn, event.tenant, dedup)
-                    if earlier is not None:
-                        return Appended(stored=False, duplicate_of=earlier)
+                    if self._seen(conn, event.tenant, dedup):
+                        return Appended(stored=False, duplicate_of=self._earlier_submission(conn, event.tenant, dedup))
                     conn.execute(
                         insert(t.submissions).values(
                             tenant=event.tenant,
                             dedup_key=dedup.key,
-                            request_id=getattr(event.data, "request_id", None),
+                            request_id=None if dedup.rejected else getattr(event.data, "request_id", None),
                             payload_sha256=dedup.payload_sha256,
-                            rejected=False,
+                            rejected=dedup.rejected,
                         )
                     )
                 conn.execute(
@@ -77,6 +84,9 @@ class EventStore:
                         data=data or None,
                         claim_sha256=claim.sha256 if claim else None,
                         claim_size=claim.size if claim else None,
+                        dedup_key=dedup.key if dedup else None,
+                        dedup_sha256=dedup.payload_sha256 if dedup else None,
+                        dedup_rejected=dedup.rejected if dedup else None,
                     )
                 )
                 projections.apply(conn, event)
@@ -86,42 +96,31 @@ class EventStore:
             if dedup is not None:
                 # A concurrent twin won the race on the dedup row: answer like a retry.
                 with self.engine.connect() as conn:
-                    earlier = self._earlier_submission(conn, event.tenant, dedup)
-                if earlier is not None:
-                    return Appended(stored=False, duplicate_of=earlier)
+                    if self._seen(conn, event.tenant, dedup):
+                        return Appended(stored=False, duplicate_of=self._earlier_submission(conn, event.tenant, dedup))
             if self.contains(event.id):
                 return Appended(stored=False)
             raise
         return Appended(stored=True)
 
-    def reject_submission(self, tenant: str, dedup: Dedup) -> None:
-        """Remember a refused submission, so its seq_id can never be reused by another body."""
-        with self.engine.begin() as conn:
-            row = conn.execute(
-                select(t.submissions).where(t.submissions.c.tenant == tenant, t.submissions.c.dedup_key == dedup.key)
-            ).first()
-            if row is not None and row.rejected and row.payload_sha256 == dedup.payload_sha256:
-                return  # the same refused request, sent again
-            if self._earlier_submission(conn, tenant, dedup) is None:
-                conn.execute(
-                    insert(t.submissions).values(
-                        tenant=tenant, dedup_key=dedup.key, request_id=None, payload_sha256=dedup.payload_sha256, rejected=True
-                    )
-                )
-
-    def _earlier_submission(self, conn, tenant: str, dedup: Dedup) -> Optional[str]:
+    def _seen(self, conn, tenant: str, dedup: Dedup) -> bool:
+        """True when this exact submission was made before; a conflicting one raises."""
         row = conn.execute(
             select(t.submissions).where(t.submissions.c.tenant == tenant, t.submissions.c.dedup_key == dedup.key)
         ).first()
         if row is None:
-            return None
-        if row.payload_sha256 != dedup.payload_sha256 or row.rejected:
-            raise Conflict(
-                f"{dedup.key.split(':', 1)[-1]} was already submitted with a different body"
-                if not row.rejected
-                else f"{dedup.key.split(':', 1)[-1]} was already used by a refused request"
-            )
-        return row.request_id
+            return False
+        what = dedup.key.split(":", 1)[-1]
+        if row.rejected and not dedup.rejected:
+            raise Conflict(f"{what} was already used by a refused request")
+        if row.payload_sha256 != dedup.payload_sha256 or row.rejected != dedup.rejected:
+            raise Conflict(f"{what} was already submitted with a different body")
+        return True
+
+    def _earlier_submission(self, conn, tenant: str, dedup: Dedup) -> Optional[str]:
+        return conn.execute(
+            select(t.submissions.c.request_id).where(t.submissions.c.tenant == tenant, t.submissions.c.dedup_key == dedup.key)
+        ).scalar()
 
     def contains(self, event_id: str) -> bool:
         with self.engine.connect() as conn:
@@ -153,6 +152,17 @@ class EventStore:
                 return
             yield from chunk
             position = chunk[-1][0]
+
+    def read_with_dedup(self, after_position: int = 0, limit: int = 1000) -> list[tuple[int, Event, Optional[Dedup]]]:
+        """Events in store order with the dedup identity each was appended under (for replay)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(t.events).where(t.events.c.position > after_position).order_by(t.events.c.position).limit(limit)
+            ).all()
+        return [
+            (row.position, self._row_to_event(row), Dedup(row.dedup_key, row.dedup_sha256, bool(row.dedup_rejected)) if row.dedup_key else None)
+            for row in rows
+        ]
 
     def _row_to_event(self, row) -> Event:
         claim = BlobRef(sha256=row.claim_sha256, size=row.claim_size) if row.claim_sha256 else None

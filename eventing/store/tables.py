@@ -49,6 +49,11 @@ events = Table(
     Column("data", LargeBinary),
     Column("claim_sha256", String(64)),
     Column("claim_size", BigInteger),
+    # The submission identity the gateway deduplicated this event by, so a replay rebuilds
+    # the submissions table too (a refused submission is its seq.skipped event).
+    Column("dedup_key", String(300)),
+    Column("dedup_sha256", String(64)),
+    Column("dedup_rejected", Boolean),
     Index(None, "tenant", "type"),
     Index(None, "key"),
 )

@@ -11,6 +11,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Optional
 
+from eventing import topics
 from eventing.bus import EventPublisher
 from eventing.store.event_store import Appended, Dedup, EventStore
 from eventing.store.queries import Projections
@@ -37,8 +38,11 @@ class GatewayContext:
         return hashlib.sha256(api_key.encode()).hexdigest()
 
     def emit(self, event: Event, topic: Optional[str] = None, dedup: Optional[Dedup] = None) -> Appended:
+        """Store, then publish: to `topic` when a worker must act, else to the tenant's
+        control stream, so the log carries every event (audit, metrics and replay read it)."""
+        topic = topic or topics.topic(event.tenant, "control")
         appended = self.store.append(event, outbox_topic=topic, dedup=dedup)
-        if appended.stored and topic is not None:
+        if appended.stored:
             self.publisher.publish(topic, event)
             self.store.mark_published(event.id)
         return appended

@@ -70,6 +70,7 @@ def submit(
 
 
 def refuse(ctx: GatewayContext, tenant: str, model_id: str, seq_id: int, dedup: Dedup, reason: str) -> None:
-    ctx.store.reject_submission(tenant, dedup)
+    """Record the refusal under the submission's identity and tell the trainer to skip it."""
     skipped = SeqSkipped(model_id=model_id, seq_id=seq_id, reason=reason)
-    ctx.emit(new_event(SEQ_SKIPPED, skipped, tenant=tenant, source=SOURCE, key=model_id), topics.topic(tenant, "training"))
+    event = new_event(SEQ_SKIPPED, skipped, tenant=tenant, source=SOURCE, key=model_id)
+    ctx.emit(event, topics.topic(tenant, "training"), dedup.refused())

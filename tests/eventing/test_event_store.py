@@ -72,9 +72,11 @@ def test_a_retried_submission_returns_the_first_future_and_another_body_conflict
 
 def test_a_refused_seq_id_stays_used(store):
     store, _ = store
-    dedup = Dedup.of("seq:s1:train:0:5", b"bad")
-    store.reject_submission(T, dedup)
-    store.reject_submission(T, dedup)  # the same refused request again: fine
+    refused = Dedup.of("seq:s1:train:0:5", b"bad").refused()
+    skipped = te.SeqSkipped(model_id="s1:train:0", seq_id=5, reason="bad input")
+    assert store.append(ev(te.SEQ_SKIPPED, skipped), dedup=refused).stored
+    again = store.append(ev(te.SEQ_SKIPPED, skipped), dedup=refused)  # the same refused request again
+    assert not again.stored
     payload = te.OptimStepRequested(request_id="r5", model_id="s1:train:0", seq_id=5, adam_params=AdamParams())
     with pytest.raises(Conflict, match="refused"):
         store.append(ev(te.OPTIM_STEP["requested"], payload), dedup=Dedup.of("seq:s1:train:0:5", b"good"))
