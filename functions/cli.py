@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         from functions.compute.models import ModelDirectory
         from openrl_core.catalog import Catalog
 
-        directory = ModelDirectory(Catalog.from_names(settings.models or None, settings.local_models), settings.model_cache)
+        directory = ModelDirectory(Catalog.from_names(settings.models or None, settings.local_models, settings.model_aliases), settings.model_cache)
         for name in directory.catalog.names():
             line = name
             if args.prepare:

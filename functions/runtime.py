@@ -33,7 +33,7 @@ class Runtime:
         self.store = EventStore(self.engine, self.codec)
         self.projections = Projections(self.engine)
         self.notifier = LocalNotifier()
-        self.catalog = Catalog.from_names(settings.models or None, settings.local_models)
+        self.catalog = Catalog.from_names(settings.models or None, settings.local_models, settings.model_aliases)
         self.models = ModelDirectory(self.catalog, settings.model_cache)
 
     @cached_property

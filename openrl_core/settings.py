@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from typing_extensions import Annotated
 
@@ -37,6 +37,11 @@ class Settings(BaseSettings):
     local_models: dict[str, str] = Field(
         default_factory=dict, description="extra base models: name -> local Hugging Face model directory"
     )
+    model_aliases: dict[str, str] = Field(
+        default_factory=dict,
+        description="extra base_model names served with another served model's weights and tokenizer: alias -> name "
+        "(JSON), e.g. {\"Qwen/Qwen3-8B\": \"openrl/tiny-qwen3\"} so recipes that pick renderers by name run unchanged",
+    )
     model_cache: Optional[Path] = Field(None, description="where materialised models are cached")
     device: str = Field("cpu", description="torch device of the workers")
     long_poll_seconds: float = Field(25.0, gt=0, le=40, description="how long retrieve_future holds an unfinished future")
@@ -48,6 +53,22 @@ class Settings(BaseSettings):
     sampler_max_batch_rows: int = Field(64, ge=1, description="rows (prompts x samples) one sampler batch may hold")
     sampler_max_adapters: int = Field(16, ge=1, description="adapters a sampler keeps loaded per base model (LRU)")
     max_request_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="largest request body the gateway reads")
+    checkpoint_reaper_seconds: float = Field(
+        60.0, gt=0, description="how often expired checkpoints and the blobs only they used are removed"
+    )
+    download_link_seconds: int = Field(3600, ge=60, le=7 * 24 * 3600, description="how long an external-weights download link stays valid")
+    download_secret: Optional[SecretStr] = Field(
+        None, description="HMAC key that signs download links; default a random key kept in data_dir/download-secret"
+    )
+    public_url: Optional[str] = Field(
+        None, description="base URL that download links start with; default the URL the request came in on"
+    )
+    metadata_only_threshold_bytes: int = Field(
+        1024 * 1024,
+        ge=0,
+        description="retrieve_future answers complete_metadata (size first, payload on the next poll) for results above "
+        "this many bytes when the client allows it",
+    )
 
     @field_validator("api_keys", "models", mode="before")
     @classmethod

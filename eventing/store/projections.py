@@ -10,11 +10,12 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Callable, Optional
 
-from sqlalchemy import and_, insert, select, update
+from sqlalchemy import and_, delete, insert, select, update
 from sqlalchemy.engine import Connection
 
 from eventing.store import tables as t
 from openrl_core.events import Event
+from openrl_core.events import checkpoints as checkpoint_events
 from openrl_core.events import sampling as sampling_events
 from openrl_core.events import sessions as session_events
 from openrl_core.events import training as training_events
@@ -263,3 +264,146 @@ def _sampling_session_created(conn: Connection, event: Event) -> None:
 
 def expiry(ttl_seconds: Optional[int], now: datetime) -> Optional[datetime]:
     return now + timedelta(seconds=ttl_seconds) if ttl_seconds else None
+
+
+# -- checkpoint records: exports, removal, visibility, expiry, copies ---------------------
+# (the save handlers above make records; these change or remove them)
+
+handles(training_events.SAVE_WEIGHTS_EXTERNAL["requested"])(_training_requested)
+
+
+@handles(training_events.SAVE_WEIGHTS_EXTERNAL["completed"])
+def _exported(conn: Connection, event: Event) -> None:
+    # Not `_saved`: an export is neither the run's last training nor its last sampler checkpoint.
+    if _future(conn, event) is None or event.data.checkpoint is None:
+        return
+    _put_checkpoint(conn, event.tenant, event.data.checkpoint, event.time)
+    _touch_run(conn, event.data.checkpoint.run_id, event.time)
+
+
+def _checkpoint_key(run_id: str, checkpoint_id: str):
+    return and_(t.checkpoints.c.run_id == run_id, t.checkpoints.c.checkpoint_id == checkpoint_id)
+
+
+def _put_checkpoint(conn: Connection, tenant: str, saved: CheckpointSaved, when: datetime) -> None:
+    """Insert the record, or replace a same-named one's content (its public flag stays)."""
+    key = _checkpoint_key(saved.run_id, saved.checkpoint_id)
+    values = dict(
+        tenant=tenant,
+        kind=saved.kind,
+        tinker_path=saved.tinker_path,
+        files={name: ref.model_dump() for name, ref in saved.files.items()},
+        size_bytes=saved.size_bytes,
+        created_at=when,
+        expires_at=saved.expires_at,
+        user_metadata=saved.user_metadata,
+    )
+    if conn.execute(select(t.checkpoints.c.run_id).where(key)).first() is None:
+        conn.execute(insert(t.checkpoints).values(run_id=saved.run_id, checkpoint_id=saved.checkpoint_id, public=False, **values))
+    else:
+        conn.execute(update(t.checkpoints).where(key).values(**values))
+
+
+_LAST_COLUMN = {"weights": "last_checkpoint", "sampler_weights": "last_sampler_checkpoint"}
+
+
+def _refresh_last(conn: Connection, run_id: str, kind: str) -> None:
+    """Point the run's last_* column at its newest remaining checkpoint of that kind."""
+    column = _LAST_COLUMN.get(kind)
+    if column is None:
+        return
+    newest = conn.execute(
+        select(t.checkpoints.c.checkpoint_id)
+        .where(t.checkpoints.c.run_id == run_id, t.checkpoints.c.kind == kind)
+        .order_by(t.checkpoints.c.created_at.desc(), t.checkpoints.c.checkpoint_id)
+        .limit(1)
+    ).scalar()
+    conn.execute(update(t.training_runs).where(t.training_runs.c.model_id == run_id).values(**{column: newest}))
+
+
+@handles(checkpoint_events.CHECKPOINT_DELETED, checkpoint_events.CHECKPOINT_EXPIRED)
+def _checkpoint_removed(conn: Connection, event: Event) -> None:
+    data = event.data
+    key = _checkpoint_key(data.run_id, data.checkpoint_id)
+    row = conn.execute(select(t.checkpoints.c.kind, t.checkpoints.c.expires_at).where(key)).first()
+    if row is None:
+        return
+    if event.type == checkpoint_events.CHECKPOINT_EXPIRED and utc(row.expires_at) != utc(data.expires_at):
+        # The owner moved the expiry (or saved anew) after the reaper looked: not expired.
+        return
+    conn.execute(delete(t.checkpoints).where(key))
+    _refresh_last(conn, data.run_id, row.kind)
+
+
+@handles(checkpoint_events.CHECKPOINT_PUBLISHED, checkpoint_events.CHECKPOINT_UNPUBLISHED)
+def _checkpoint_visibility(conn: Connection, event: Event) -> None:
+    public = event.type == checkpoint_events.CHECKPOINT_PUBLISHED
+    conn.execute(update(t.checkpoints).where(_checkpoint_key(event.data.run_id, event.data.checkpoint_id)).values(public=public))
+
+
+@handles(checkpoint_events.CHECKPOINT_TTL_SET)
+def _checkpoint_ttl(conn: Connection, event: Event) -> None:
+    key = _checkpoint_key(event.data.run_id, event.data.checkpoint_id)
+    conn.execute(update(t.checkpoints).where(key).values(expires_at=event.data.expires_at))
+
+
+@handles(checkpoint_events.CHECKPOINT_COPIED)
+def _checkpoint_copied(conn: Connection, event: Event) -> None:
+    data = event.data
+    saved = data.checkpoint
+    if data.new_session_project_id is not None and conn.execute(
+        select(t.sessions.c.session_id).where(t.sessions.c.session_id == data.session_id)
+    ).first() is None:
+        conn.execute(
+            insert(t.sessions).values(
+                session_id=data.session_id,
+                tenant=event.tenant,
+                tags=["copy_weights"],
+                user_metadata={},
+                project_id=data.new_session_project_id,
+                display_name=f"copy of {data.source_path}",
+                created_at=event.time,
+                finished_at=event.time,
+                finish_reason="copy",
+            )
+        )
+    if conn.execute(select(t.training_runs.c.model_id).where(t.training_runs.c.model_id == saved.run_id)).first() is None:
+        conn.execute(
+            insert(t.training_runs).values(
+                model_id=saved.run_id,
+                tenant=event.tenant,
+                session_id=data.session_id,
+                base_model=data.base_model,
+                is_lora=True,
+                lora_rank=data.lora_config.rank,
+                lora_config=data.lora_config.model_dump(),
+                user_metadata=data.user_metadata,
+                # Not "ready": nothing trains a copy's run (no trainer ever created its adapter).
+                state="frozen",
+                created_at=event.time,
+                last_request_time=event.time,
+            )
+        )
+    _put_checkpoint(conn, event.tenant, saved, event.time)
+    _refresh_last(conn, saved.run_id, saved.kind)
+
+
+# -- sample cancellation -----------------------------------------------------------------
+
+
+@handles(sampling_events.SAMPLE_CANCEL_REQUESTED)
+def _sample_cancel_requested(conn: Connection, event: Event) -> None:
+    """Kept in the events table only: the sampler decides, and its answer moves the future."""
+
+
+@handles(sampling_events.SAMPLE_CANCELLED)
+def _sample_cancelled(conn: Connection, event: Event) -> None:
+    # Only a future that was still unfinished ends CANCELLED (the fold absorbs the rest), and
+    # only then is its completion time set.
+    before = conn.execute(select(t.futures.c.state).where(t.futures.c.request_id == event.data.request_id)).scalar()
+    if _future(conn, event) is FutureState.CANCELLED and before != FutureState.CANCELLED.value:
+        conn.execute(
+            update(t.futures)
+            .where(t.futures.c.request_id == event.data.request_id)
+            .values(error=event.data.reason, category="user", completed_at=event.time)
+        )

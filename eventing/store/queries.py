@@ -9,11 +9,26 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any, Optional
 
-from sqlalchemy import insert, select
+from sqlalchemy import func, insert, or_, select
 from sqlalchemy.engine import Engine, Row
 
 from eventing.store import tables as t
 from eventing.store.projections import utc
+
+
+def _live(now: datetime):
+    """A checkpoint past its expires_at is hidden at once, before the reaper removes it."""
+    return or_(t.checkpoints.c.expires_at.is_(None), t.checkpoints.c.expires_at > now)
+
+
+def _page(engine: Engine, query, limit: Optional[int], offset: int) -> tuple[list[Row], int]:
+    """One page of `query` and the total count of its rows."""
+    with engine.connect() as conn:
+        total = conn.execute(select(func.count()).select_from(query.order_by(None).subquery())).scalar() or 0
+        if limit is not None:
+            query = query.limit(limit)
+        rows = list(conn.execute(query.offset(offset)))
+    return rows, int(total)
 
 
 class Projections:
@@ -69,3 +84,81 @@ class Projections:
     def tenant_for_key_hash(self, key_sha256: str) -> Optional[str]:
         with self.engine.connect() as conn:
             return conn.execute(select(t.api_keys.c.tenant).where(t.api_keys.c.key_sha256 == key_sha256)).scalar()
+
+    # -- REST reads: runs, checkpoints and sessions, paged, newest first ---------------------
+
+    def live_checkpoint(self, tenant: str, run_id: str, checkpoint_id: str, now: datetime) -> Optional[Row]:
+        query = select(t.checkpoints).where(
+            t.checkpoints.c.tenant == tenant,
+            t.checkpoints.c.run_id == run_id,
+            t.checkpoints.c.checkpoint_id == checkpoint_id,
+            _live(now),
+        )
+        with self.engine.connect() as conn:
+            return conn.execute(query).first()
+
+    def live_checkpoints(
+        self,
+        tenant: str,
+        now: datetime,
+        *,
+        run_id: Optional[str] = None,
+        kind: Optional[str] = None,
+        limit: Optional[int] = None,
+        offset: int = 0,
+    ) -> tuple[list[Row], int]:
+        query = select(t.checkpoints).where(t.checkpoints.c.tenant == tenant, _live(now))
+        if run_id is not None:
+            query = query.where(t.checkpoints.c.run_id == run_id)
+        if kind is not None:
+            query = query.where(t.checkpoints.c.kind == kind)
+        query = query.order_by(t.checkpoints.c.created_at.desc(), t.checkpoints.c.run_id, t.checkpoints.c.checkpoint_id)
+        return _page(self.engine, query, limit, offset)
+
+    def runs_page(self, tenant: str, limit: int, offset: int, project_id: Optional[str] = None) -> tuple[list[Row], int]:
+        query = select(t.training_runs).where(t.training_runs.c.tenant == tenant)
+        if project_id is not None:
+            in_project = select(t.sessions.c.session_id).where(t.sessions.c.tenant == tenant, t.sessions.c.project_id == project_id)
+            query = query.where(t.training_runs.c.session_id.in_(in_project))
+        query = query.order_by(t.training_runs.c.created_at.desc(), t.training_runs.c.model_id)
+        return _page(self.engine, query, limit, offset)
+
+    def sessions_page(self, tenant: str, limit: int, offset: int) -> tuple[list[Row], int]:
+        query = select(t.sessions).where(t.sessions.c.tenant == tenant)
+        return _page(self.engine, query.order_by(t.sessions.c.created_at.desc(), t.sessions.c.session_id), limit, offset)
+
+    def sampling_sessions_of(self, tenant: str, session_id: str) -> list[Row]:
+        query = (
+            select(t.sampling_sessions)
+            .where(t.sampling_sessions.c.tenant == tenant, t.sampling_sessions.c.session_id == session_id)
+            .order_by(t.sampling_sessions.c.created_at, t.sampling_sessions.c.sampling_session_id)
+        )
+        with self.engine.connect() as conn:
+            return list(conn.execute(query))
+
+    def expired_checkpoints(self, now: datetime, limit: int = 500) -> list[Row]:
+        """Every tenant's checkpoints whose expiry has passed, oldest expiry first."""
+        query = (
+            select(t.checkpoints)
+            .where(t.checkpoints.c.expires_at.is_not(None), t.checkpoints.c.expires_at <= now)
+            .order_by(t.checkpoints.c.expires_at, t.checkpoints.c.run_id, t.checkpoints.c.checkpoint_id)
+            .limit(limit)
+        )
+        with self.engine.connect() as conn:
+            return list(conn.execute(query))
+
+    def referenced_blobs(self, tenant: str) -> set[str]:
+        """Hashes that a checkpoint record (expired or not) or a sampling session points at.
+
+        Sampling sessions count: one made from a checkpoint keeps sampling after the
+        checkpoint is deleted, and an ephemeral one's adapter can be byte-identical to a
+        saved checkpoint's.
+        """
+        digests: set[str] = set()
+        with self.engine.connect() as conn:
+            for (files,) in conn.execute(select(t.checkpoints.c.files).where(t.checkpoints.c.tenant == tenant)):
+                digests.update(ref["sha256"] for ref in (files or {}).values())
+            adapters = select(t.sampling_sessions.c.adapter).where(t.sampling_sessions.c.tenant == tenant)
+            for (adapter,) in conn.execute(adapters):
+                digests.update(ref["sha256"] for ref in (adapter or {}).values())
+        return digests

@@ -2,7 +2,8 @@
 
 `materialize` turns a `ModelSpec` into a directory holding `config.json`,
 `model.safetensors` and a tokenizer, built once and cached: the tiny Qwen3 from its config
-and seed, SmolLM2 dequantised from its GGUF. Builds happen in a temporary directory renamed
+and seed, SmolLM2 dequantised from its GGUF. An alias uses its target's directory, so the
+`ModelFiles` of an alias carry the target's (canonical) name. Builds happen in a temporary directory renamed
 into place under a file lock, so concurrent processes never see half a model.
 """
 
@@ -60,9 +61,9 @@ def default_cache_root() -> Path:
 
 def materialize(spec: ModelSpec, cache_root: Path | None = None) -> ModelFiles:
     if spec.source == "local":
-        return _describe(spec.name, Path(spec.params["path"]))
+        return _describe(spec.canonical, Path(spec.params["path"]))
     root = Path(cache_root or default_cache_root())
-    target = root / re.sub(r"[^A-Za-z0-9._-]+", "--", spec.name)
+    target = root / re.sub(r"[^A-Za-z0-9._-]+", "--", spec.canonical)
     if (target / MANIFEST).exists():
         return _read_manifest(target)
     root.mkdir(parents=True, exist_ok=True)
@@ -77,7 +78,7 @@ def materialize(spec: ModelSpec, cache_root: Path | None = None) -> ModelFiles:
                 _build_from_gguf(spec, staging)
             else:
                 raise ServerError(f"unknown model source {spec.source!r}")
-            files = _describe(spec.name, staging)
+            files = _describe(spec.canonical, staging)
             _write_manifest(staging, files)
             shutil.rmtree(target, ignore_errors=True)
             staging.rename(target)
@@ -207,11 +208,16 @@ class ModelDirectory:
         self._lock = threading.Lock()
 
     def files(self, name: str) -> ModelFiles:
+        """The local files of a served name; an alias gets its target's (one copy on disk)."""
         spec = self.catalog.resolve(name)
         with self._lock:
-            if name not in self._files:
-                self._files[name] = materialize(spec, self.cache_root)
-            return self._files[name]
+            if spec.canonical not in self._files:
+                self._files[spec.canonical] = materialize(spec, self.cache_root)
+            return self._files[spec.canonical]
+
+    def canonical(self, name: str) -> str:
+        """The name whose weights `name` uses; workers keep one engine per canonical name."""
+        return self.catalog.canonical(name)
 
     def prepare_all(self) -> list[ModelFiles]:
         return [self.files(name) for name in self.catalog.names()]

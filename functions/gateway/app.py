@@ -16,6 +16,8 @@ from fastapi import FastAPI
 from functions.gateway import errors
 from functions.gateway.context import GatewayContext
 from functions.gateway.routes import client, futures, models, sampling, sessions, training
+from functions.gateway import downloads
+from functions.gateway.routes import checkpoints, runs
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +32,8 @@ def create_app(ctx: GatewayContext) -> FastAPI:
     app.state.ctx = ctx
     errors.install(app)
     for module in (client, sessions, models, training, sampling, futures):
+        app.include_router(module.router)
+    for module in (runs, checkpoints, downloads):
         app.include_router(module.router)
     return app
 

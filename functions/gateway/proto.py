@@ -160,13 +160,16 @@ def encode_sample_response(result: dict[str, Any]) -> bytes:
 
 
 def forward_backward_output_json(result: dict[str, Any]) -> dict[str, Any]:
-    """The JSON form older SDKs (before protobuf results) accept."""
+    """The JSON form older SDKs (before protobuf results) accept: TensorData is
+    `{"data": [flat], "dtype": "int64"|"float32", "shape"}`, the only two dtypes they know."""
     outputs = []
     for datum in result["loss_fn_outputs"]:
         converted = {}
         for name, value in datum.items():
             array = Array.model_validate(value).to_numpy()
-            converted[name] = {"data": array.ravel().tolist(), "dtype": str(array.dtype), "shape": list(array.shape)}
+            dtype = "int64" if array.dtype.kind == "i" else "float32"
+            flat = array.ravel().astype(dtype).tolist()
+            converted[name] = {"data": flat, "dtype": dtype, "shape": list(array.shape)}
         outputs.append(converted)
     return {"loss_fn_output_type": result.get("loss_fn_output_type", "ArrayRecord"), "loss_fn_outputs": outputs, "metrics": result.get("metrics", {})}
 

@@ -4,7 +4,9 @@ Each poll takes whatever requests are waiting (up to the batch's row budget), lo
 adapter they name (cached by content hash, so publishing new weights is just a new key),
 checks each request on its own (a bad one fails alone), and runs the rest as one batched
 generation on the accelerator. Sampling requests have no order, so offsets are committed
-as soon as their completions are on the log.
+as soon as their completions are on the log. A sample whose cancel arrives in the same
+poll as the request (the two share the sampling session's partition, cancel after request)
+is answered CANCELLED and never runs; one already taken into a batch runs to the end.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from functions.sampler.types import SampleJob, SampleResult
 from openrl_core.errors import OpenRLError
 from openrl_core.events import Event, new_event
 from openrl_core.events.lifecycle import RequestCompleted, RequestFailed
-from openrl_core.events.sampling import SAMPLE
+from openrl_core.events.sampling import SAMPLE, SAMPLE_CANCEL_REQUESTED, SAMPLE_CANCELLED, SampleCancelled
 
 log = logging.getLogger(__name__)
 SOURCE = "/openrl/sampler"
@@ -76,7 +78,8 @@ class SamplerWorker:
             if not more:
                 break
             records += more
-        by_model: dict[str, list[Event]] = defaultdict(list)
+        requested: list[Event] = []
+        cancelled: set[str] = set()
         for record in records:
             try:
                 event = self.publisher.codec.decode(record.message)
@@ -84,6 +87,14 @@ class SamplerWorker:
                 log.exception("sampler: undecodable record %s/%s@%s skipped", record.topic, record.partition, record.offset)
                 continue
             if event.type == SAMPLE["requested"]:
+                requested.append(event)
+            elif event.type == SAMPLE_CANCEL_REQUESTED:
+                cancelled.add(event.data.request_id)
+        by_model: dict[str, list[Event]] = defaultdict(list)
+        for event in requested:
+            if event.data.request_id in cancelled:
+                self._cancel(event)
+            else:
                 by_model[event.data.base_model].append(event)
         for base_model, events in by_model.items():
             self._sample(base_model, events)
@@ -92,13 +103,14 @@ class SamplerWorker:
         return len(records)
 
     def engine(self, base_model: str):
-        if base_model not in self._engines:
+        key = self.models.canonical(base_model)  # an alias shares its target's base weights
+        if key not in self._engines:
             from functions.sampler.engine import SamplerEngine
 
-            self._engines[base_model] = SamplerEngine(
+            self._engines[key] = SamplerEngine(
                 self.models.files(base_model), device=self.device, max_batch_rows=self.max_batch_rows
             )
-        return self._engines[base_model]
+        return self._engines[key]
 
     def _sample(self, base_model: str, events: list[Event]) -> None:
         try:
@@ -134,7 +146,7 @@ class SamplerWorker:
         if data.adapter:
             weights = data.adapter[ADAPTER_WEIGHTS]
             adapter_key = f"{event.tenant}:{weights.sha256}"
-            loaded = self._adapters[base_model]
+            loaded = self._adapters[self.models.canonical(base_model)]  # per engine, which aliases share
             if not engine.has_adapter(adapter_key):
                 self._evict(engine, loaded, in_use)
                 files = {name: self.blobs.get(event.tenant, ref) for name, ref in data.adapter.items()}
@@ -173,6 +185,14 @@ class SamplerWorker:
             else None,
         }
         self._emit(event, SAMPLE["completed"], RequestCompleted(request_id=event.data.request_id, result=payload))
+
+    def _cancel(self, event: Event) -> None:
+        """A cancel reached the log before this batch took its request: never run it.
+
+        A cancel that arrives after its request was taken into a batch finds nothing to do
+        here (the request ran, or is running) and that sample completes as usual.
+        """
+        self._emit(event, SAMPLE_CANCELLED, SampleCancelled(request_id=event.data.request_id))
 
     def _fail(self, event: Event, exc: Exception) -> None:
         if isinstance(exc, OpenRLError):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 import torch
@@ -165,8 +165,23 @@ class TrainerEngine:
 
     def export_state(self, model_id: str) -> dict[str, bytes]:
         """Adapter files plus optimizer state; gradients accumulated since the last step are not saved."""
+        return self.copy_state(model_id)()
+
+    def copy_state(self, model_id: str) -> Callable[[], dict[str, bytes]]:
+        """Copy the adapter and its optimizer state now; serialise later, on any thread.
+
+        Snapshots take only the copy on the training thread, so they hold training up no
+        longer than a memcpy of the adapter; encoding and writing happen in the background.
+        """
         adapter = self._require(model_id)
-        return {**self.export_adapter(model_id), **optimizer.state_to_files(adapter.adam)}
+        params = {key: p.detach().clone() for key, p in adapter.params.items()}
+        adam = optimizer.AdamState(
+            step=adapter.adam.step,
+            exp_avg={key: t.clone() for key, t in adapter.adam.exp_avg.items()},
+            exp_avg_sq={key: t.clone() for key, t in adapter.adam.exp_avg_sq.items()},
+        )
+        lora, name = adapter.lora, self._files.name
+        return lambda: {**adapters.export_files(params, lora, name), **optimizer.state_to_files(adam)}
 
     def import_state(self, model_id: str, files: Mapping[str, bytes], with_optimizer: bool) -> None:
         """Load exported files; creates the adapter from their adapter_config.json if it is missing.

@@ -68,6 +68,7 @@ class TrainerWorker:
             te.OPTIM_STEP["requested"]: self._optim_step,
             te.SAVE_WEIGHTS["requested"]: self._save_weights,
             te.SAVE_WEIGHTS_FOR_SAMPLER["requested"]: self._save_for_sampler,
+            te.SAVE_WEIGHTS_EXTERNAL["requested"]: self._save_external,
             te.LOAD_WEIGHTS["requested"]: self._load_in_place,
         }
 
@@ -152,11 +153,12 @@ class TrainerWorker:
     # -- verbs ---------------------------------------------------------------------------
 
     def engine(self, base_model: str):
-        if base_model not in self._engines:
+        key = self.models.canonical(base_model)  # an alias shares its target's base weights
+        if key not in self._engines:
             from functions.trainer.engine import TrainerEngine
 
-            self._engines[base_model] = TrainerEngine(self.models.files(base_model), device=self.device)
-        return self._engines[base_model]
+            self._engines[key] = TrainerEngine(self.models.files(base_model), device=self.device)
+        return self._engines[key]
 
     def _slot(self, event: Event) -> ModelSlot:
         slot = self.slots.get(event.data.model_id)
@@ -229,6 +231,21 @@ class TrainerWorker:
         )
         result = {"sampling_session_id": data.sampling_session_id, "type": "save_weights_for_sampler"}
         return {"result": result, "sampling_session": bound}
+
+    def _save_external(self, event: Event) -> dict:
+        """The adapter as plain PEFT files (adapter_model.safetensors + adapter_config.json), for download."""
+        data = event.data
+        slot = self._slot(event)
+        files = self._write(event.tenant, self.engine(slot.base_model).export_adapter(data.model_id))
+        checkpoint = CheckpointSaved(
+            run_id=data.model_id,
+            kind="external_weights",
+            name=data.name,
+            files=files,
+            expires_at=expiry(data.ttl_seconds, datetime.now(timezone.utc)),
+        )
+        result = {"path": checkpoint.tinker_path, "size_bytes": checkpoint.size_bytes, "type": "save_weights_external"}
+        return {"result": result, "checkpoint": checkpoint}
 
     def _load_in_place(self, event: Event) -> dict:
         data = event.data

@@ -41,3 +41,23 @@ class SampleRequested(Payload):
 
 SAMPLING_SESSION_CREATED = register(event_type(FAMILY, "create_sampling_session", "completed"), SamplingSessionCreated)
 SAMPLE = register_lifecycle(FAMILY, "sample", SampleRequested)
+
+
+class SampleCancelRequested(Payload):
+    """The client abandoned this sample. Only the sampler knows whether it has started, so the
+    gateway asks; the request and its cancel share the sampling session's key (one partition),
+    so the sampler always sees the request first."""
+
+    request_id: str
+    sampling_session_id: str
+
+
+class SampleCancelled(Payload):
+    """The sampler dropped a sample before running it: its future ends CANCELLED."""
+
+    request_id: str
+    reason: str = "cancelled by the client before it started"
+
+
+SAMPLE_CANCEL_REQUESTED = register(event_type(FAMILY, "sample", "cancel_requested"), SampleCancelRequested)
+SAMPLE_CANCELLED = register(event_type(FAMILY, "sample", "cancelled"), SampleCancelled)

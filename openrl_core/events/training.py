@@ -68,6 +68,16 @@ class SaveWeightsForSamplerRequested(Payload):
     user_metadata: Optional[dict[str, Any]] = None
 
 
+class SaveWeightsExternalRequested(Payload):
+    """Export the adapter as plain PEFT files (an `external_weights/<name>` checkpoint)."""
+
+    request_id: str
+    model_id: str
+    seq_id: int
+    name: str
+    ttl_seconds: Optional[int] = None
+
+
 class LoadWeightsRequested(Payload):
     request_id: str
     model_id: str
@@ -97,6 +107,7 @@ OPTIM_STEP = register_lifecycle(FAMILY, "optim_step", OptimStepRequested)
 SAVE_WEIGHTS = register_lifecycle(FAMILY, "save_weights", SaveWeightsRequested)
 SAVE_WEIGHTS_FOR_SAMPLER = register_lifecycle(FAMILY, "save_weights_for_sampler", SaveWeightsForSamplerRequested)
 LOAD_WEIGHTS = register_lifecycle(FAMILY, "load_weights", LoadWeightsRequested)
+SAVE_WEIGHTS_EXTERNAL = register_lifecycle(FAMILY, "save_weights_external", SaveWeightsExternalRequested)
 SEQ_SKIPPED = register(event_type(FAMILY, "seq", "skipped"), SeqSkipped)
 
 SEQUENCED_REQUESTS = {
@@ -105,4 +116,5 @@ SEQUENCED_REQUESTS = {
     SAVE_WEIGHTS["requested"],
     SAVE_WEIGHTS_FOR_SAMPLER["requested"],
     LOAD_WEIGHTS["requested"],
+    SAVE_WEIGHTS_EXTERNAL["requested"],
 }

@@ -13,6 +13,7 @@ from eventing.codec import Codec
 from eventing.store import database
 from eventing.store.event_store import EventStore
 from eventing.store.queries import Projections
+from tests.eventing.brokers import NoidaBroker, TansuBroker
 
 PG_ADMIN = os.environ.get("OPENRL_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 
@@ -47,3 +48,40 @@ def store(store_url, tmp_path):
     codec = Codec(BlobStore(tmp_path / "blobs"), inline_limit=2048)
     yield EventStore(engine, codec), Projections(engine)
     engine.dispose()
+
+
+# -- Kafka-protocol brokers for the EventBus contract suite --------------------------------
+# One broker of each kind per test session (tests isolate themselves with their own topic
+# and group names); stopped in the finalizer, so also when a test fails or errors.
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "kafka: runs against a real Kafka-protocol broker (noida-db, Tansu)")
+
+
+@pytest.fixture(scope="session")
+def noida_broker(tmp_path_factory):
+    broker = NoidaBroker(tmp_path_factory.mktemp("noida")).start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def tansu_broker(tmp_path_factory):
+    broker = TansuBroker(tmp_path_factory.mktemp("tansu")).start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def own_noida_broker(tmp_path):
+    """A noida-db broker for one test that restarts it, so no other test sees the restart."""
+    broker = NoidaBroker(tmp_path / "noida").start()
+    try:
+        yield broker
+    finally:
+        broker.stop()

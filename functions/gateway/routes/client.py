@@ -16,11 +16,13 @@ router = APIRouter(prefix="/api/v1")
 
 # The SDK's own defaults, stated so a reader sees what the server promises: parallel
 # forward_backward chunks of at most 1024 datums, which the trainer reorders by seq_id.
+# Not a default: samples wait on one retrieve_futures long-poll per sampling session
+# instead of one held retrieve_future each (tests/e2e/test_sdk_sampling_futures.py).
 CLIENT_CONFIG = {
     "parallel_fwdbwd_chunks": True,
     "fwdbwd_max_chunk_len": 1024,
     "proto_compress_fwdbwd": False,
-    "sample_use_retrieve_futures": False,
+    "sample_use_retrieve_futures": True,
     "custom_loss_server_side": False,
     "pjwt_auth_enabled": False,
 }
@@ -33,7 +35,8 @@ def client_config(body: ClientConfigRequest, tenant: str = Depends(get_tenant)) 
 
 @router.post("/client/dynamic_config")
 def dynamic_config(body: ClientConfigRequest, tenant: str = Depends(get_tenant)) -> dict:
-    return {"refresh_interval_sec": 300, "sample_cancel_enabled": False}
+    # Abandoned samples are cancelled (cancel_future) instead of run for nobody.
+    return {"refresh_interval_sec": 300, "sample_cancel_enabled": True}
 
 
 @router.get("/healthz")

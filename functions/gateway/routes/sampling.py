@@ -8,11 +8,13 @@ from eventing.store.event_store import Dedup
 from functions.gateway.context import SOURCE, GatewayContext
 from functions.gateway.deps import get_ctx, get_tenant, read_body, require_session
 from functions.gateway.routes.models import resolve_checkpoint
+from functions.gateway.routes.futures import submitted_key
 from functions.gateway.submit import submit
 from openrl_core.errors import InvalidRequest, NotFound
 from openrl_core.events import new_event
 from openrl_core.events.sampling import SAMPLE, SAMPLING_SESSION_CREATED, SampleRequested, SamplingSessionCreated
 from openrl_core.ids import new_request_id, sampling_session_id_for
+from openrl_core.losses import RECORD_STABILITY_INFO_REFUSAL
 from openrl_core.wire.base import UntypedAPIFuture
 from openrl_core.wire.sampling import (
     CreateSamplingSessionRequest,
@@ -96,9 +98,13 @@ async def asample(request: Request, ctx: GatewayContext = Depends(get_ctx), tena
         sample_sequence_ids=sequence_ids,
     )
     dedup = Dedup.of(f"sample:{session.sampling_session_id}:{body.seq_id}", raw) if body.seq_id is not None else None
-    return submit(
+    future = submit(
         ctx, tenant, SAMPLE["requested"], payload, stream="sampling", key=session.sampling_session_id, dedup=dedup, sample_sequence_ids=sequence_ids
     )
+    # A retrieve_futures held on this session watches only the samples it knew when it
+    # began; this wakes it to watch the new one too.
+    ctx.waiters.notify([submitted_key(session.sampling_session_id)])
+    return future
 
 
 def _prompt_tokens(body: SampleRequest) -> list[int]:
@@ -130,11 +136,12 @@ def _validate(body: SampleRequest, prompt: list[int], vocab_size: int, max_conte
             raise InvalidRequest("prompt_logprobs_last_n needs prompt_logprobs=true")
         if not 1 <= body.prompt_logprobs_last_n <= len(prompt) - 1:
             raise InvalidRequest(f"prompt_logprobs_last_n must be between 1 and {len(prompt) - 1}")
+    if body.record_stability_info:
+        raise InvalidRequest(RECORD_STABILITY_INFO_REFUSAL)
     unsupported = {
         "topk_sample_logprobs": body.topk_sample_logprobs,
         "prompt_alt_tokens_k": body.prompt_alt_tokens_k,
         "target_prompt_logprobs": body.target_prompt_logprobs,
-        "record_stability_info": body.record_stability_info,
     }
     asked = [name for name, value in unsupported.items() if value]
     if asked:

@@ -1,11 +1,14 @@
-"""Training steps: forward_backward (protobuf), optim_step, save_weights, save_weights_for_sampler."""
+"""Training steps: forward_backward (protobuf or JSON), forward (JSON), optim_step, save_weights,
+save_weights_for_sampler."""
 
 from __future__ import annotations
+
+from typing import Callable
 
 import zstandard
 from fastapi import APIRouter, Depends, Request
 
-from functions.gateway import proto
+from functions.gateway import jsonbodies, proto
 from functions.gateway.context import GatewayContext
 from functions.gateway.deps import get_ctx, get_tenant, read_body, require_run
 from functions.gateway.submit import submit_sequenced
@@ -42,17 +45,43 @@ async def _body(request: Request, ctx: GatewayContext) -> bytes:
 
 @router.post("/forward_backward")
 async def forward_backward(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> UntypedAPIFuture:
+    """Protobuf (every SDK since 0.2x with `proto_write_fwdbwd`, always in 0.38) or JSON (older)."""
     raw = await _body(request, ctx)
-    if "protobuf" not in request.headers.get("content-type", ""):
-        raise InvalidRequest("forward_backward expects an application/x-protobuf ForwardBackwardRequest body")
-    message = proto.parse_forward_backward(raw)
-    run = require_run(ctx, tenant, message.model_id)
-    if message.seq_id < 1:
-        raise InvalidRequest(f"seq_id must be at least 1, got {message.seq_id}")
+    content_type = request.headers.get("content-type", "").lower()
+    if "protobuf" in content_type:
+        message = proto.parse_forward_backward(raw)
+        return _submit_forward_backward(ctx, tenant, message.model_id, message.seq_id, raw, lambda: proto.decode_forward_backward(message))
+    if "json" in content_type:
+        envelope = jsonbodies.parse_envelope(raw, "forward_backward")
+        return _submit_forward_backward(ctx, tenant, envelope.model_id, envelope.seq_id, raw, lambda: jsonbodies.decode(raw, forward_only=False))
+    raise InvalidRequest(
+        "forward_backward expects an application/x-protobuf ForwardBackwardRequest body "
+        "(or, from older SDKs, an application/json one)"
+    )
+
+
+@router.post("/forward")
+async def forward(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> UntypedAPIFuture:
+    """Older SDKs' TrainingClient.forward: a JSON forward_backward that leaves no gradient.
+
+    Newer ones send `forward_backward` with `forward_only` set instead. Either way it takes a
+    seq_id of the model and runs in order with everything else.
+    """
+    raw = await _body(request, ctx)
+    envelope = jsonbodies.parse_envelope(raw, "forward")
+    return _submit_forward_backward(ctx, tenant, envelope.model_id, envelope.seq_id, raw, lambda: jsonbodies.decode(raw, forward_only=True))
+
+
+def _submit_forward_backward(
+    ctx: GatewayContext, tenant: str, model_id: str, seq_id: int, raw: bytes, decode: Callable[[], proto.ForwardBackwardCall]
+) -> UntypedAPIFuture:
+    run = require_run(ctx, tenant, model_id)
+    if seq_id < 1:
+        raise InvalidRequest(f"seq_id must be at least 1, got {seq_id}")
     files = ctx.models.files(run.base_model)
 
     def build(request_id: str) -> ForwardBackwardRequested:
-        call = proto.decode_forward_backward(message)
+        call = decode()
         validate_batch(call.data, call.loss_fn, files.vocab_size, files.max_context)
         return ForwardBackwardRequested(
             request_id=request_id,
@@ -64,9 +93,7 @@ async def forward_backward(request: Request, ctx: GatewayContext = Depends(get_c
             data=[DatumRecord.from_datum(datum) for datum in call.data],
         )
 
-    return submit_sequenced(
-        ctx, tenant, model_id=run.model_id, seq_id=message.seq_id, body=raw, event_type=FORWARD_BACKWARD["requested"], build=build
-    )
+    return submit_sequenced(ctx, tenant, model_id=run.model_id, seq_id=seq_id, body=raw, event_type=FORWARD_BACKWARD["requested"], build=build)
 
 
 @router.post("/optim_step")
