@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast demo bench serve models clean
+.PHONY: install test test-fast demo bench serve models clean compat
 
 install: $(STAMP)
 
@@ -37,6 +37,13 @@ bench: install
 	$(PY) bench/fwdbwd_roundtrip.py
 	$(PY) bench/retrieve_latency.py
 	$(PY) bench/sampling_roundtrip.py
+	$(PY) bench/futures_throughput.py
+	$(PY) bench/replay_speed.py
+
+# Runs every public tinker SDK method against a live server and rewrites docs/compatibility.md
+# from the cases (tests/e2e/test_sdk_surface.py); the test suite fails when the file is stale.
+compat: install
+	OPENRL_WRITE_COMPAT=1 $(PY) -m pytest -q -p no:cacheprovider tests/e2e/test_sdk_surface.py
 
 serve: install
 	$(VENV)/bin/openrl serve

@@ -9,6 +9,8 @@
   at-least-once, which is why every consumer must be idempotent.
 - Subscriptions name topics or a regular expression; a pattern picks up topics created
   later (a new tenant) without a restart.
+- A consumer created with an `instance_id` replaces any live member of its group with the
+  same id (a worker's replacement after a crash takes over without a rebalance wait).
 The embedded SQLite log and the Kafka backend both implement this and pass one contract
 suite (`tests/eventing/test_bus_contract.py`).
 """
@@ -53,7 +55,10 @@ class EventBus(Protocol):
         topics: Optional[list[str]] = None,
         pattern: Optional[str] = None,
         from_beginning: bool = True,
-    ) -> Consumer: ...
+        instance_id: Optional[str] = None,
+    ) -> Consumer:
+        """`instance_id`: a stable identity (static membership); a new consumer with the
+        id of an earlier one replaces it in the group at once."""
 
     def close(self) -> None: ...
 

@@ -101,11 +101,12 @@ class EmbeddedLog:
         topics: Optional[list[str]] = None,
         pattern: Optional[str] = None,
         from_beginning: bool = True,
+        instance_id: Optional[str] = None,
     ) -> "EmbeddedConsumer":
         if (topics is None) == (pattern is None):
             raise ValueError("subscribe to a list of topics or to a pattern, not both")
         with self._lock:
-            consumer = EmbeddedConsumer(self, group, topics, pattern, from_beginning)
+            consumer = EmbeddedConsumer(self, group, topics, pattern, from_beginning, instance_id)
             self._groups.setdefault(group, _Group()).join(consumer)
             return consumer
 
@@ -136,6 +137,10 @@ class _Group:
         self.generation = 0
 
     def join(self, consumer: "EmbeddedConsumer") -> None:
+        if consumer.instance_id is not None:
+            for replaced in [m for m in self.members if m.instance_id == consumer.instance_id]:
+                replaced._closed = True  # fenced, as Kafka fences a static member's predecessor
+                self.members.remove(replaced)
         self.members.append(consumer)
         self.generation += 1
 
@@ -146,9 +151,10 @@ class _Group:
 
 
 class EmbeddedConsumer:
-    def __init__(self, log: EmbeddedLog, group: str, topics, pattern, from_beginning: bool) -> None:
+    def __init__(self, log: EmbeddedLog, group: str, topics, pattern, from_beginning: bool, instance_id=None) -> None:
         self._log = log
         self.group = group
+        self.instance_id = instance_id
         self._topics = set(topics or [])
         self._pattern = re.compile(pattern) if pattern else None
         self._from_beginning = from_beginning

@@ -130,6 +130,7 @@ class KafkaBus:
         topics: Optional[list[str]] = None,
         pattern: Optional[str] = None,
         from_beginning: bool = True,
+        instance_id: Optional[str] = None,
     ) -> "KafkaBusConsumer":
         if (topics is None) == (pattern is None):
             raise ValueError("subscribe to a list of topics or to a pattern, not both")
@@ -140,7 +141,13 @@ class KafkaBus:
         for topic in topics or []:
             self._ensure_topic(topic)
         consumer = KafkaConsumer(
-            group_id=group, auto_offset_reset="earliest" if from_beginning else "latest", **self._consumer_config
+            group_id=group,
+            auto_offset_reset="earliest" if from_beginning else "latest",
+            # Static membership: a replacement with the same instance id (a restarted pod)
+            # takes its predecessor's partitions at once, without waiting for the dead
+            # member to be noticed (noida-db never evicts a dead dynamic member).
+            group_instance_id=instance_id,
+            **self._consumer_config,
         )
         _keep_finished_joins(consumer)
         if topics is not None:

@@ -7,6 +7,8 @@ lowest offset still held, or the next unread one when nothing is held.
 
 from __future__ import annotations
 
+from typing import Iterable
+
 from eventing.bus import Record, TopicPartition
 
 
@@ -27,5 +29,11 @@ class OffsetTracker:
         if held is not None:
             held.discard(offset)
 
-    def committable(self) -> dict[TopicPartition, int]:
-        return {tp: min(self._held[tp]) if self._held.get(tp) else position for tp, position in self._next.items()}
+    def committable(self, also_needed: Iterable[tuple[str, int, int]] = ()) -> dict[TopicPartition, int]:
+        """Next offsets safe to commit; `also_needed` are records kept for other reasons
+        (the trainer's recovery anchors) that a restart must see again."""
+        lowest = {tp: min(held) for tp, held in self._held.items() if held}
+        for topic, partition, offset in also_needed:
+            tp = (topic, partition)
+            lowest[tp] = min(offset, lowest.get(tp, offset))
+        return {tp: min(lowest.get(tp, position), position) for tp, position in self._next.items()}

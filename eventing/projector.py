@@ -10,20 +10,22 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Optional
 
 from eventing import topics
 from eventing.bus import EventBus
-from eventing.notify import LocalNotifier
 from eventing.store.event_store import EventStore
 
 log = logging.getLogger(__name__)
 
 
 class Projector:
-    def __init__(self, bus: EventBus, store: EventStore, notifier: LocalNotifier, group: str = "openrl-projector") -> None:
+    def __init__(
+        self, bus: EventBus, store: EventStore, notifier, group: str = "openrl-projector", instance_id: Optional[str] = None
+    ) -> None:
         self.store = store
         self.notifier = notifier
-        self.consumer = bus.consumer(group, pattern=topics.pattern("completions"))
+        self.consumer = bus.consumer(group, pattern=topics.pattern("completions"), instance_id=instance_id)
 
     def run_once(self, timeout: float = 1.0) -> int:
         records = self.consumer.poll(max_records=256, timeout=timeout)

@@ -3,34 +3,68 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
+
+
+def _deployment_options(parser: argparse.ArgumentParser) -> None:
+    """Where the deployment's state lives; the same for every command that touches it."""
+    parser.add_argument("--data-dir", type=Path, default=None, help="log, store and blobs (default ./.data)")
+    parser.add_argument("--database-url", default=None, help="the event store (default: SQLite in the data dir)")
+    parser.add_argument("--bus", choices=("embedded", "kafka"), default=None, help="the event log (default embedded)")
+    parser.add_argument("--kafka-bootstrap", default=None, help="Kafka bootstrap servers when --bus kafka")
+
+
+def _http_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default=None, help="listen address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="listen port (default 8000)")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="openrl", description="OpenRL: a self-hosted Tinker-compatible training service")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    serve = commands.add_parser("serve", help="run the embedded server (gateway, trainer, sampler, projector)")
-    serve.add_argument("--host", default=None, help="listen address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=None, help="listen port (default 8000)")
-    serve.add_argument("--data-dir", type=Path, default=None, help="event log, store and blobs (default ./.data)")
+    serve = commands.add_parser("serve", help="every role in one process: gateway, projector, trainer, sampler")
+    _http_options(serve)
+    _deployment_options(serve)
     serve.add_argument("--model", action="append", default=None, help="a base model to serve (repeatable; default all)")
+
+    gateway = commands.add_parser("gateway", help="the Tinker HTTP API alone (distributed deployment)")
+    _http_options(gateway)
+    _deployment_options(gateway)
+    gateway.add_argument("--model", action="append", default=None, help="a base model to accept (repeatable; default all)")
+    for role in ("trainer", "sampler"):
+        worker = commands.add_parser(role, help=f"a {role} worker alone (distributed deployment)")
+        _deployment_options(worker)
+        worker.add_argument("--base-model", action="append", default=None, help="base models it serves (repeatable; default all)")
+    projector = commands.add_parser("projector", help="the projector alone: stores worker events and wakes long-polls")
+    _deployment_options(projector)
+    audit = commands.add_parser(
+        "audit", help="the audit log alone: one JSON line per event in <data-dir>/audit/<tenant>.jsonl (or --show them)"
+    )
+    _deployment_options(audit)
+    audit.add_argument("--show", action="store_true", help="print a tenant's audit entries instead of recording")
+    audit.add_argument("--tenant", default=None, help="with --show: whose entries (required)")
+    audit.add_argument("--type", dest="audit_type", default=None, help="with --show: a fragment of the event type")
+    audit.add_argument("-n", "--lines", type=int, default=0, help="with --show: only the last N entries (0: all)")
+    metrics = commands.add_parser("metrics", help="Prometheus /metrics of requests, latencies, queue depths and tokens")
+    _deployment_options(metrics)
+    metrics.add_argument("--host", default=None, help="listen address (default 127.0.0.1)")
+    metrics.add_argument("--port", dest="metrics_port", type=int, default=None, help="listen port (default 9464)")
 
     prepare = commands.add_parser("models", help="list the model catalogue and build its local files")
     prepare.add_argument("--prepare", action="store_true", help="materialise every model now (else on first use)")
 
     replay = commands.add_parser("replay", help="rebuild every projection from the events and diff it against the live one")
-    replay.add_argument("--data-dir", type=Path, default=None, help="the deployment's data dir (default ./.data)")
-    replay.add_argument("--database-url", default=None, help="the live event store (default: SQLite in the data dir)")
+    _deployment_options(replay)
     replay.add_argument("--into", default=None, help="database to rebuild into (default: a fresh temporary SQLite file)")
 
     events = commands.add_parser("events", help="inspect the event stream")
     events_commands = events.add_subparsers(dest="events_command", required=True)
     tail = events_commands.add_parser("tail", help="print events as readable lines")
-    tail.add_argument("--data-dir", type=Path, default=None)
-    tail.add_argument("--database-url", default=None)
+    _deployment_options(tail)
     tail.add_argument("--tenant", default=None)
     tail.add_argument("--model", default=None, help="a model id or sampling session id")
     tail.add_argument("--type", default=None, help="a fragment of the event type, e.g. forward_backward or failed")
@@ -39,22 +73,36 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for chatty in ("kafka", "alembic"):  # their INFO lines drown ours
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     from openrl_core.settings import Settings
 
-    overrides = {
-        key: value
-        for key, value in {"host": getattr(args, "host", None), "port": getattr(args, "port", None),
-                           "data_dir": getattr(args, "data_dir", None), "models": getattr(args, "model", None),
-                           "database_url": getattr(args, "database_url", None)}.items()
-        if value is not None
+    flags = {
+        "host": "host", "port": "port", "data_dir": "data_dir", "models": "model",
+        "database_url": "database_url", "bus": "bus", "kafka_bootstrap": "kafka_bootstrap",
     }  # fmt: skip
+    overrides = {field: getattr(args, flag) for field, flag in flags.items() if getattr(args, flag, None) is not None}
     settings = Settings(**overrides)
-    if args.command == "serve":
-        from functions.serve import EmbeddedServer
+    if args.command == "metrics" and args.metrics_port is not None:
+        settings = Settings(**overrides, metrics_port=args.metrics_port)
+    if args.command == "audit" and args.show:
+        return _show_audit(settings, args)
+    if args.command in ("audit", "metrics"):
+        from functions.serve import Node
 
-        server = EmbeddedServer(settings)
-        print(f"openrl: serving {', '.join(server.runtime.catalog.names())} on http://{settings.host}:{settings.port}", flush=True)
-        server.serve_forever()
+        node = Node(settings, (args.command,))
+        where = f" on http://{settings.host}:{settings.metrics_port}/metrics" if args.command == "metrics" else ""
+        print(f"openrl: {args.command} of every tenant's events{where}", flush=True)
+        node.serve_forever()
+        return 0
+    if args.command in ("serve", "gateway", "projector", "trainer", "sampler"):
+        from functions.serve import ROLES, Node
+
+        roles = ROLES if args.command == "serve" else (args.command,)
+        node = Node(settings, roles, base_models=getattr(args, "base_model", None))
+        where = f" on http://{settings.host}:{settings.port}" if node.app is not None else ""
+        print(f"openrl: {', '.join(roles)} for {', '.join(node.runtime.catalog.names())}{where}", flush=True)
+        node.serve_forever()
         return 0
     if args.command == "replay":
         return _replay(settings, args.into)
@@ -64,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         from functions.compute.models import ModelDirectory
         from openrl_core.catalog import Catalog
 
-        directory = ModelDirectory(Catalog.from_names(settings.models or None, settings.local_models, settings.model_aliases), settings.model_cache)
+        catalog = Catalog.from_names(settings.models or None, settings.local_models, settings.model_aliases)
+        directory = ModelDirectory(catalog, settings.model_cache)
         for name in directory.catalog.names():
             line = name
             if args.prepare:
@@ -97,6 +146,24 @@ def _replay(settings, into: str | None) -> int:
         print("  " + line)
     print("projections match" if not report.differences else f"{len(report.differences)} differences")
     return 0 if not report.differences else 1
+
+
+def _show_audit(settings, args) -> int:
+    from functions.audit import read_entries
+    from functions.audit.consumer import audit_dir
+
+    if not args.tenant:
+        print("openrl audit --show needs --tenant", file=sys.stderr)
+        return 2
+    from openrl_core.errors import InvalidRequest
+
+    try:
+        for entry in read_entries(audit_dir(settings), args.tenant, type_contains=args.audit_type, last=args.lines):
+            print(json.dumps(entry, ensure_ascii=False), flush=True)
+    except InvalidRequest as exc:
+        print(f"openrl audit: {exc.detail}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _tail(settings, args) -> int:

@@ -14,6 +14,7 @@ from eventing.bus import EventBus, EventPublisher
 from eventing.codec import Codec
 from eventing.embedded_log import EmbeddedLog
 from eventing.notify import LocalNotifier
+from eventing.pg_notify import PgNotifier
 from eventing.store import database
 from eventing.store.event_store import EventStore
 from eventing.store.queries import Projections
@@ -32,12 +33,18 @@ class Runtime:
         self.codec = Codec(self.blobs, settings.inline_payload_limit)
         self.store = EventStore(self.engine, self.codec)
         self.projections = Projections(self.engine)
-        self.notifier = LocalNotifier()
+        # Long-poll wake-ups: in process for SQLite; through LISTEN/NOTIFY for PostgreSQL,
+        # where the projector and the gateways may be separate processes.
+        self.notifier = PgNotifier(self.engine.url.render_as_string(hide_password=False)) if self.engine.dialect.name == "postgresql" else LocalNotifier()
         self.catalog = Catalog.from_names(settings.models or None, settings.local_models, settings.model_aliases)
         self.models = ModelDirectory(self.catalog, settings.model_cache)
 
     @cached_property
     def bus(self) -> EventBus:
+        if self.settings.bus == "kafka":
+            from eventing.kafka_bus import KafkaBus
+
+            return KafkaBus(self.settings.kafka_bootstrap, partitions=self.settings.log_partitions)
         return EmbeddedLog(self.settings.data_dir / "log.db", self.settings.log_partitions, self.settings.log_fsync)
 
     @cached_property
@@ -64,4 +71,6 @@ class Runtime:
     def close(self) -> None:
         if "bus" in self.__dict__:
             self.bus.close()
+        if isinstance(self.notifier, PgNotifier):
+            self.notifier.close()
         self.engine.dispose()

@@ -1,52 +1,104 @@
-"""`openrl serve`: every function in one process over the embedded log and SQLite store.
+"""One OpenRL process: any set of roles over one runtime.
 
-The gateway answers HTTP on the event loop; the projector, the trainer and the sampler each
-run their consume loop in a thread (torch releases the GIL in its kernels). Trainer and
-sampler take turns on the accelerator. Shutdown stops the loops, then closes the log.
+`openrl serve` runs every role in one process over the embedded log and a SQLite store:
+the gateway answers HTTP on the event loop; the projector, trainer and sampler each run
+their consume loop in a thread (torch releases the GIL in its kernels), and the trainer
+and sampler take turns on the accelerator. The distributed deployment runs the same
+roles one per process (`openrl gateway`, `openrl trainer`, …) over Kafka and PostgreSQL.
+Shutdown (SIGTERM, SIGINT) stops the loops, then closes the log.
 """
 
 from __future__ import annotations
 
 import logging
+import signal
+import socket
 import threading
+from typing import Iterable, Optional
 
 import uvicorn
 
+from eventing import topics
 from eventing.projector import Projector
 from functions.compute.accelerator import AcceleratorTurns
-from functions.gateway.app import create_app
-from functions.gateway.routes.checkpoints import Reaper
 from functions.runtime import Runtime
-from functions.sampler.worker import SamplerWorker
-from functions.trainer.worker import TrainerWorker
+from functions.trainer.snapshots import SnapshotStore
 from openrl_core.settings import Settings
 
 log = logging.getLogger("openrl.serve")
+ROLES = ("gateway", "projector", "trainer", "sampler")
+# Roles a Node runs only when named (`openrl audit`, `openrl metrics`), not in `openrl serve`:
+# the audit fsyncs a line per event on top of the log's own fsync, and metrics binds a port
+# of its own; one-machine users who want them run them beside `openrl serve`.
+OPTIONAL_ROLES = ("audit", "metrics")
 
 
-class EmbeddedServer:
-    def __init__(self, settings: Settings) -> None:
+class Node:
+    def __init__(self, settings: Settings, roles: Iterable[str] = ROLES, base_models: Optional[list[str]] = None) -> None:
         self.settings = settings
-        self.runtime = Runtime(settings)
-        for files in self.runtime.models.prepare_all():
+        self.roles = tuple(roles)
+        unknown = set(self.roles) - set(ROLES) - set(OPTIONAL_ROLES)
+        if unknown:
+            raise ValueError(f"unknown roles {sorted(unknown)}")
+        self.runtime = rt = Runtime(settings)
+        # Workers subscribe to the topics of the weights they hold; aliases share them.
+        self.base_models = sorted({rt.catalog.canonical(m) for m in base_models}) if base_models else None
+        base_models = self.base_models
+        for name in base_models or rt.catalog.names():
+            files = rt.models.files(name)
             log.info("model %s ready at %s", files.name, files.path)
-        self.ctx = self.runtime.gateway_context()
-        self.app = create_app(self.ctx)
-        rt = self.runtime
-        turns = AcceleratorTurns()
-        self.projector = Projector(rt.bus, rt.store, rt.notifier)
-        self.trainer = TrainerWorker(rt.bus, rt.publisher, rt.blobs, rt.models, turns, settings.device)
-        self.sampler = SamplerWorker(
-            rt.bus, rt.publisher, rt.blobs, rt.models, turns, settings.device, settings.sampler_max_batch_rows, settings.sampler_max_adapters
-        )
         self._stop = threading.Event()
+        self._loops: list[tuple[str, object]] = []
+        self.app = None
+        turns = AcceleratorTurns()
+        if "gateway" in self.roles:
+            from functions.gateway.app import create_app
+            from functions.gateway.relay import OutboxRelay
+            from functions.gateway.routes.checkpoints import Reaper
+
+            self.ctx = rt.gateway_context()
+            self.app = create_app(self.ctx)
+            # Checkpoint TTLs: expired records and the blobs only they used are removed periodically.
+            self._loops.append(("reaper", Reaper(self.ctx, settings.checkpoint_reaper_seconds)))
+            self._loops.append(("outbox", OutboxRelay(self.ctx)))
+        if "projector" in self.roles:
+            self._loops.append(("projector", Projector(rt.bus, rt.store, rt.notifier, instance_id=self._instance_id("projector"))))
+        if "trainer" in self.roles:
+            from functions.trainer.worker import TrainerWorker
+
+            snapshots = SnapshotStore(settings.data_dir / "snapshots", rt.blobs)
+            self.trainer = TrainerWorker(
+                rt.bus, rt.publisher, rt.blobs, rt.models, turns, settings.device,
+                base_models=base_models, snapshots=snapshots, snapshot_every_steps=settings.snapshot_every_steps,
+                instance_id=self._instance_id("trainer"),
+            )  # fmt: skip
+            self._loops.append(("trainer", self.trainer))
+        if "sampler" in self.roles:
+            from functions.sampler.worker import SamplerWorker
+
+            self.sampler = SamplerWorker(
+                rt.bus, rt.publisher, rt.blobs, rt.models, turns, settings.device,
+                settings.sampler_max_batch_rows, settings.sampler_max_adapters, base_models=base_models,
+                instance_id=self._instance_id("sampler"),
+            )  # fmt: skip
+            self._loops.append(("sampler", self.sampler))
+        if "audit" in self.roles:
+            from functions.audit import AuditConsumer
+
+            self._loops.append(("audit", AuditConsumer.from_settings(rt.bus, rt.codec, settings, self._instance_id("audit"))))
+        if "metrics" in self.roles:
+            from functions.metrics import MetricsService
+
+            self.metrics = MetricsService.from_settings(rt.bus, rt.codec, settings, self._instance_id("metrics"))
+            self._loops.append(("metrics", self.metrics))
         self._threads = [
-            threading.Thread(target=loop.run, args=(self._stop,), name=name, daemon=True)
-            for name, loop in (("projector", self.projector), ("trainer", self.trainer), ("sampler", self.sampler))
+            threading.Thread(target=loop.run, args=(self._stop,), name=name, daemon=True) for name, loop in self._loops
         ]
-        # Checkpoint TTLs: expired records and the blobs only they used are removed periodically.
-        self.reaper = Reaper(self.ctx, settings.checkpoint_reaper_seconds)
-        self._threads.append(threading.Thread(target=self.reaper.run, args=(self._stop,), name="reaper", daemon=True))
+
+    def _instance_id(self, role: str) -> str:
+        """Stable across restarts of this replica, so its successor takes over without a wait."""
+        suffix = "-" + topics.model_slug(",".join(self.base_models)) if self.base_models else ""
+        return self.settings.instance_id or f"{role}-{socket.gethostname()}{suffix}"
 
     def start_workers(self) -> None:
         for thread in self._threads:
@@ -60,10 +112,16 @@ class EmbeddedServer:
 
     def serve_forever(self) -> None:
         self.start_workers()
-        config = uvicorn.Config(
-            self.app, host=self.settings.host, port=self.settings.port, log_level="warning", timeout_keep_alive=75
-        )
         try:
-            uvicorn.Server(config).run()
+            if self.app is not None:
+                config = uvicorn.Config(
+                    self.app, host=self.settings.host, port=self.settings.port, log_level="warning", timeout_keep_alive=75
+                )
+                uvicorn.Server(config).run()
+            else:
+                for signum in (signal.SIGTERM, signal.SIGINT):
+                    signal.signal(signum, lambda *_: self._stop.set())
+                self._stop.wait()
         finally:
             self.stop()
+

@@ -42,6 +42,11 @@ class NotFound(UserError, LookupError):
     http_status = 404
 
 
+class NotOffered(NotFound):
+    """A feature of Tinker's hosted service that a self-hosted server has no use for (billing,
+    projects). A 4xx, never a 5xx: the SDK retries 5xx answers for minutes."""
+
+
 class Conflict(UserError):
     http_status = 409
 

@@ -6,7 +6,7 @@ Nothing else reads the environment. Every field says what it does; unknown keys 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -48,8 +48,20 @@ class Settings(BaseSettings):
     inline_payload_limit: int = Field(
         256 * 1024, ge=1024, description="event payloads above this many bytes go to the blob store by reference"
     )
-    log_partitions: int = Field(4, ge=1, le=64, description="partitions per topic of the embedded log")
+    bus: Literal["embedded", "kafka"] = Field(
+        "embedded", description="the event log: the embedded SQLite log (one process) or Kafka (distributed)"
+    )
+    kafka_bootstrap: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers, comma-separated, when bus=kafka")
+    log_partitions: int = Field(4, ge=1, le=64, description="partitions per topic (embedded log, and Kafka topics OpenRL creates)")
     log_fsync: bool = Field(True, description="embedded log: fsync every append (SQLite synchronous=FULL)")
+    instance_id: Optional[str] = Field(
+        None,
+        description="stable identity of this worker replica (e.g. a StatefulSet pod name); a restarted replica with "
+        "the same id takes its partitions over at once. Default: <role>-<hostname>",
+    )
+    snapshot_every_steps: int = Field(
+        10, ge=0, description="trainer: snapshot a model every this many optim_steps for recovery by replay (0: never)"
+    )
     sampler_max_batch_rows: int = Field(64, ge=1, description="rows (prompts x samples) one sampler batch may hold")
     sampler_max_adapters: int = Field(16, ge=1, description="adapters a sampler keeps loaded per base model (LRU)")
     max_request_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="largest request body the gateway reads")
@@ -68,6 +80,24 @@ class Settings(BaseSettings):
         ge=0,
         description="retrieve_future answers complete_metadata (size first, payload on the next poll) for results above "
         "this many bytes when the client allows it",
+    )
+    audit_dedup_window: int = Field(
+        10_000,
+        ge=256,
+        description="audit: ids of this many last lines per tenant file are remembered, so a redelivered event "
+        "(at most one uncommitted batch of 256) is never written twice",
+    )
+    metrics_port: int = Field(9464, ge=0, le=65535, description="port the metrics function serves Prometheus /metrics on")
+    metrics_checkpoint_seconds: float = Field(
+        5.0, gt=0, description="metrics: how often its state is saved and its log offsets committed"
+    )
+    metrics_dedup_window: int = Field(
+        100_000,
+        ge=512,
+        description="metrics: event ids remembered to ignore redeliveries; state is also saved every half window of events",
+    )
+    metrics_rate_window_seconds: float = Field(
+        60.0, gt=0, description="metrics: the trailing window that the tokens-per-second gauges average over"
     )
 
     @field_validator("api_keys", "models", mode="before")

@@ -1,10 +1,19 @@
-"""Fixtures shared by every test package: the real offline models, materialised once."""
+"""Fixtures shared by every test package: the real offline models (materialised once) and
+fresh PostgreSQL databases on the local server."""
 
 from __future__ import annotations
 
+import os
+import uuid
+
 import pytest
+from sqlalchemy import create_engine, text
 
 from openrl_core.catalog import BUILTIN, SMOLLM2_135M, TINY_QWEN3
+
+# No model hub at test time: huggingface_hub reads this once, at import, and every server and
+# recipe subprocess inherits it.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 @pytest.fixture(scope="session")
@@ -21,3 +30,22 @@ def smol_files():
     from functions.compute.models import materialize
 
     return materialize(BUILTIN[SMOLLM2_135M])
+
+
+PG_ADMIN = os.environ.get("OPENRL_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+
+
+@pytest.fixture
+def pg_url():
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+    name = "openrl_test_" + uuid.uuid4().hex[:12]
+    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = PG_ADMIN.rsplit("/", 1)[0] + "/" + name
+    try:
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()

@@ -50,5 +50,9 @@ def upgrade(engine: Engine) -> None:
 
     config = alembic_config(engine)
     with engine.begin() as connection:
+        if engine.dialect.name == "postgresql":
+            # Every process of a distributed deployment migrates on start; the lock makes
+            # them take turns instead of racing to create the same tables.
+            connection.exec_driver_sql("SELECT pg_advisory_xact_lock(727271)")
         config.attributes["connection"] = connection
         command.upgrade(config, "head")

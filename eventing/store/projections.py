@@ -19,6 +19,7 @@ from openrl_core.events import checkpoints as checkpoint_events
 from openrl_core.events import sampling as sampling_events
 from openrl_core.events import sessions as session_events
 from openrl_core.events import training as training_events
+from openrl_core.events.recovery import SNAPSHOT_TAKEN
 from openrl_core.events.lifecycle import CheckpointSaved, RequestCompleted, RequestFailed, SamplingSessionBound
 from openrl_core.futures import FutureState, Phase, evolve
 from openrl_core.ids import CHECKPOINT_TYPE, session_of
@@ -88,7 +89,7 @@ def _session_finished(conn: Connection, event: Event) -> None:
     )
 
 
-@handles(session_events.TELEMETRY_RECEIVED, training_events.SEQ_SKIPPED)
+@handles(session_events.TELEMETRY_RECEIVED, training_events.SEQ_SKIPPED, SNAPSHOT_TAKEN)
 def _no_projection(conn: Connection, event: Event) -> None:
     """Kept in the events table only."""
 

@@ -18,6 +18,7 @@ from functions.gateway.context import GatewayContext
 from functions.gateway.routes import client, futures, models, sampling, sessions, training
 from functions.gateway import downloads
 from functions.gateway.routes import checkpoints, runs
+from functions.gateway.routes import unsupported
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ def create_app(ctx: GatewayContext) -> FastAPI:
         app.include_router(module.router)
     for module in (runs, checkpoints, downloads):
         app.include_router(module.router)
+    app.include_router(unsupported.router)  # Tinker endpoints a self-hosted server refuses, with reasons
     return app
 
 

@@ -45,6 +45,10 @@ class GatewayContext:
         if appended.stored:
             self.publisher.publish(topic, event)
             self.store.mark_published(event.id)
+        elif appended.duplicate_of is not None:
+            # A retry: the first attempt may have stored its event and then failed to
+            # publish it (broker down). Finish that now rather than leave its future hanging.
+            self.republish_outbox()
         return appended
 
     def republish_outbox(self) -> int:

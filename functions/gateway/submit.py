@@ -31,6 +31,7 @@ def submit_sequenced(
     tenant: str,
     *,
     model_id: str,
+    base_model: str,
     seq_id: int,
     body: bytes,
     event_type: str,
@@ -42,9 +43,11 @@ def submit_sequenced(
     try:
         payload = build(request_id)
     except UserError as refused:
-        refuse(ctx, tenant, model_id, seq_id, dedup, refused.detail)
+        refuse(ctx, tenant, model_id, base_model, seq_id, dedup, refused.detail)
         raise
-    return submit(ctx, tenant, event_type, payload, stream="training", key=model_id, dedup=dedup, model_id=model_id)
+    return submit(
+        ctx, tenant, event_type, payload, stream="training", base_model=base_model, key=model_id, dedup=dedup, model_id=model_id
+    )
 
 
 def submit(
@@ -54,6 +57,7 @@ def submit(
     payload: Payload,
     *,
     stream: str,
+    base_model: str,
     key: str,
     dedup: Optional[Dedup],
     model_id: Optional[str] = None,
@@ -61,7 +65,8 @@ def submit(
 ) -> UntypedAPIFuture:
     request_id = payload.request_id  # type: ignore[attr-defined]
     event = new_event(event_type, payload, tenant=tenant, source=SOURCE, key=key, subject=request_id)
-    appended = ctx.emit(event, topics.topic(tenant, stream), dedup)
+    # Work is routed by the weights it runs on: an alias goes where its target's workers are.
+    appended = ctx.emit(event, topics.topic(tenant, stream, ctx.models.canonical(base_model)), dedup)
     if appended.duplicate_of is not None:
         request_id = appended.duplicate_of
         if sample_sequence_ids is not None:
@@ -69,8 +74,8 @@ def submit(
     return UntypedAPIFuture(request_id=request_id, model_id=model_id, sample_sequence_ids=sample_sequence_ids)
 
 
-def refuse(ctx: GatewayContext, tenant: str, model_id: str, seq_id: int, dedup: Dedup, reason: str) -> None:
+def refuse(ctx: GatewayContext, tenant: str, model_id: str, base_model: str, seq_id: int, dedup: Dedup, reason: str) -> None:
     """Record the refusal under the submission's identity and tell the trainer to skip it."""
     skipped = SeqSkipped(model_id=model_id, seq_id=seq_id, reason=reason)
     event = new_event(SEQ_SKIPPED, skipped, tenant=tenant, source=SOURCE, key=model_id)
-    ctx.emit(event, topics.topic(tenant, "training"), dedup.refused())
+    ctx.emit(event, topics.topic(tenant, "training", ctx.models.canonical(base_model)), dedup.refused())

@@ -45,6 +45,8 @@ class SamplerWorker:
         max_adapters: int = 16,
         linger: float = 0.02,
         group: str = "openrl-sampler",
+        base_models: Optional[list[str]] = None,
+        instance_id: Optional[str] = None,
     ) -> None:
         self.publisher = publisher
         self.blobs = blobs
@@ -54,7 +56,7 @@ class SamplerWorker:
         self.max_batch_rows = max_batch_rows
         self.max_adapters = max_adapters
         self.linger = linger
-        self.consumer = bus.consumer(group, pattern=topics.pattern("sampling"))
+        self.consumer = bus.consumer(group, pattern=topics.pattern("sampling", base_models), instance_id=instance_id)
         self._engines: dict = {}
         # Adapters loaded per base model, least recently used first. Every published version
         # of every tenant's weights is a new key, so without eviction memory only grows.

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable, Optional
 
@@ -22,25 +21,20 @@ from eventing.offsets import OffsetTracker
 from eventing.store.projections import expiry
 from functions.compute.accelerator import AcceleratorTurns
 from functions.compute.models import ModelDirectory
+from functions.trainer.recovery import ModelSlot, Recovery, position
+from functions.trainer.snapshots import SnapshotStore
 from openrl_core.datum import validate_batch
 from openrl_core.errors import NotFound, OpenRLError
 from openrl_core.events import Event, new_event
 from openrl_core.events import training as te
 from openrl_core.events.base import event_type
 from openrl_core.events.lifecycle import CheckpointSaved, RequestCompleted, RequestFailed, SamplingSessionBound
+from openrl_core.events.recovery import SNAPSHOT_TAKEN
 from openrl_core.seqgate import SeqGate
 from openrl_core.tensors import Array
 
 log = logging.getLogger(__name__)
 SOURCE = "/openrl/trainer"
-
-
-@dataclass
-class ModelSlot:
-    tenant: str
-    base_model: str
-    session_id: str
-    gate: SeqGate = field(default_factory=SeqGate)
 
 
 class TrainerWorker:
@@ -53,15 +47,21 @@ class TrainerWorker:
         turns: Optional[AcceleratorTurns] = None,
         device: str = "cpu",
         group: str = "openrl-trainer",
+        base_models: Optional[list[str]] = None,
+        snapshots: Optional[SnapshotStore] = None,
+        snapshot_every_steps: int = 0,
+        instance_id: Optional[str] = None,
     ) -> None:
         self.publisher = publisher
         self.blobs = blobs
         self.models = models
         self.turns = turns or AcceleratorTurns()
         self.device = device
-        self.consumer = bus.consumer(group, pattern=topics.pattern("training"))
+        # One trainer may serve every base model (embedded) or only some (one per GPU pool).
+        self.consumer = bus.consumer(group, pattern=topics.pattern("training", base_models), instance_id=instance_id)
         self.offsets = OffsetTracker()
         self.slots: dict[str, ModelSlot] = {}
+        self.recovery = Recovery(snapshots, snapshot_every_steps)
         self._engines: dict = {}
         self._handlers: dict[str, Callable[[Event], dict]] = {
             te.FORWARD_BACKWARD["requested"]: self._forward_backward,
@@ -81,6 +81,7 @@ class TrainerWorker:
             except Exception:
                 log.exception("trainer: batch failed")
                 stop.wait(0.5)
+        self.recovery.close()
         self.consumer.close()
 
     def run_once(self, timeout: float = 1.0) -> int:
@@ -88,8 +89,14 @@ class TrainerWorker:
         for record in records:
             self.offsets.polled(record)
             self._receive(record)
-        if records:
-            self.consumer.commit(self.offsets.committable())
+        settled = self.recovery.settle(self.slots)
+        for tenant, snapshot in settled:
+            event = new_event(SNAPSHOT_TAKEN, snapshot, tenant=tenant, source=SOURCE, key=snapshot.model_id)
+            self.publisher.publish(topics.topic(tenant, "completions"), event)
+        if records or settled:
+            # Never past a record a gate still holds, nor past what a model's latest durable
+            # snapshot lacks: a replacement trainer must see those again.
+            self.consumer.commit(self.offsets.committable(self.recovery.anchors(self.slots)))
         return len(records)
 
     def _receive(self, record: Record) -> None:
@@ -102,6 +109,9 @@ class TrainerWorker:
             event.type == te.LOAD_WEIGHTS["requested"] and event.data.seq_id is None
         ):
             self._execute(event, self._create)
+            slot = self.slots.get(event.data.model_id)
+            if slot is not None and slot.anchor is None and slot.gate.next_seq == 1:
+                slot.anchor = position(record)  # no snapshot yet: recovery starts at creation
             return
         if event.type == te.SEQ_SKIPPED:
             slot = self.slots.get(event.data.model_id)
@@ -111,7 +121,7 @@ class TrainerWorker:
         handler = self._handlers.get(event.type)
         if handler is None:
             return
-        slot = self.slots.get(event.data.model_id)
+        slot = self.slots.get(event.data.model_id) or self._restore(event.tenant, event.data.model_id)
         if slot is None:
             self._fail(event, NotFound(f"model {event.data.model_id!r} is not loaded on this trainer"))
             return
@@ -123,19 +133,27 @@ class TrainerWorker:
         self._run_ready(offer.ready)
 
     def _run_ready(self, ready: list) -> None:
-        for _seq, (record, event) in ready:
+        for seq_id, (record, event) in ready:
             self.offsets.release(record.topic, record.partition, record.offset)
-            self._execute(event, self._handlers[event.type])
+            slot = self.slots[event.data.model_id]
+            slot.applied(position(record))
+            done = self._execute(event, self._handlers[event.type])
+            if done and event.type == te.OPTIM_STEP["requested"]:
+                # A clean point (no gradients pending): the one place a snapshot may be taken.
+                engine = self.engine(slot.base_model)
+                with self.turns.turn():
+                    self.recovery.after_optim_step(event.data.model_id, slot, seq_id, engine.copy_state)
 
-    def _execute(self, event: Event, handler: Callable[[Event], dict]) -> None:
+    def _execute(self, event: Event, handler: Callable[[Event], dict]) -> bool:
         try:
             with self.turns.turn():
                 outcome = handler(event)
         except Exception as exc:  # one request's failure is reported on its own future
             self._fail(event, exc)
-            return
+            return False
         payload = RequestCompleted(request_id=event.data.request_id, **outcome)
         self._emit(event, "completed", payload)
+        return True
 
     def _fail(self, event: Event, exc: Exception) -> None:
         if isinstance(exc, OpenRLError):
@@ -160,6 +178,23 @@ class TrainerWorker:
             self._engines[key] = TrainerEngine(self.models.files(base_model), device=self.device)
         return self._engines[key]
 
+    def _restore(self, tenant: str, model_id: str, locked: bool = False) -> Optional[ModelSlot]:
+        """Rebuild a model this trainer does not hold from its latest snapshot, if it has one."""
+        snapshot = self.recovery.latest(tenant, model_id)
+        if snapshot is None:
+            return None
+        engine = self.engine(snapshot.base_model)
+        files = self.recovery.files(tenant, snapshot)
+        if locked:
+            engine.import_state(model_id, files, with_optimizer=True)
+        else:
+            with self.turns.turn():
+                engine.import_state(model_id, files, with_optimizer=True)
+        slot = ModelSlot(tenant, snapshot.base_model, snapshot.session_id, snapshot.lora_config, gate=SeqGate(snapshot.next_seq))
+        self.slots[model_id] = slot
+        log.info("trainer: restored %s from its snapshot at seq %d", model_id, snapshot.next_seq - 1)
+        return slot
+
     def _slot(self, event: Event) -> ModelSlot:
         slot = self.slots.get(event.data.model_id)
         if slot is None or slot.tenant != event.tenant:
@@ -169,11 +204,11 @@ class TrainerWorker:
     def _create(self, event: Event) -> dict:
         data = event.data
         engine = self.engine(data.base_model)
-        if not engine.has_adapter(data.model_id):
+        if data.model_id not in self.slots and self._restore(event.tenant, data.model_id, locked=True) is None:
             engine.create_adapter(data.model_id, data.lora_config)
             if isinstance(data, te.LoadWeightsRequested):
                 engine.import_state(data.model_id, self._read(event.tenant, data.files), data.with_optimizer)
-        self.slots.setdefault(data.model_id, ModelSlot(event.tenant, data.base_model, data.session_id))
+            self.slots[data.model_id] = ModelSlot(event.tenant, data.base_model, data.session_id, data.lora_config)
         if isinstance(data, te.LoadWeightsRequested):
             return {"result": {"path": data.path, "model_id": data.model_id, "type": "load_weights"}}
         return {"result": {"model_id": data.model_id, "type": "create_model"}}

@@ -47,7 +47,11 @@ def weighted_nll(output, batch) -> float:
 
 
 def test_walkthrough(sdk_env):
-    service = tinker.ServiceClient()
+    walkthrough(tinker.ServiceClient())
+
+
+def walkthrough(service: "tinker.ServiceClient") -> None:
+    """The whole skeleton through one service client; the distributed suite reuses it."""
     training = service.create_lora_training_client(base_model=MODEL, rank=8, seed=0).result()
     info = training.get_info()
     assert info.model_data.model_name == MODEL and info.lora_rank == 8

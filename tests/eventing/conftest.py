@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import uuid
-
 import pytest
-from sqlalchemy import create_engine, text
 
 from eventing.blobs import BlobStore
 from eventing.codec import Codec
@@ -14,24 +10,6 @@ from eventing.store import database
 from eventing.store.event_store import EventStore
 from eventing.store.queries import Projections
 from tests.eventing.brokers import NoidaBroker, TansuBroker
-
-PG_ADMIN = os.environ.get("OPENRL_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
-
-
-@pytest.fixture
-def pg_url():
-    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
-    name = "openrl_test_" + uuid.uuid4().hex[:12]
-    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = PG_ADMIN.rsplit("/", 1)[0] + "/" + name
-    try:
-        yield url
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -53,10 +31,6 @@ def store(store_url, tmp_path):
 # -- Kafka-protocol brokers for the EventBus contract suite --------------------------------
 # One broker of each kind per test session (tests isolate themselves with their own topic
 # and group names); stopped in the finalizer, so also when a test fails or errors.
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "kafka: runs against a real Kafka-protocol broker (noida-db, Tansu)")
 
 
 @pytest.fixture(scope="session")

@@ -66,3 +66,19 @@ def test_tampered_claim_is_detected(tmp_path):
     path.write_bytes(data.replace(b"cross_entropy", b"cross_entrop_"))
     with pytest.raises(ServerError, match="corrupted"):
         codec.decode(Message(message.headers, message.key, message.value))
+
+
+def test_topic_names_are_per_tenant_and_work_streams_per_base_model():
+    from eventing import topics
+
+    name = topics.topic("alice", "training", "HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert name.startswith("openrl.alice.training.huggingfacetb-smollm2-135m-instruct-")
+    assert topics.tenant_of(name) == "alice"
+    import re
+
+    assert re.match(topics.pattern("training"), name)
+    assert re.match(topics.pattern("training", ["HuggingFaceTB/SmolLM2-135M-Instruct"]), name)
+    assert not re.match(topics.pattern("training", ["openrl/tiny-qwen3"]), name)
+    assert not re.match(topics.pattern("sampling"), name)
+    assert re.match(topics.everything(), name) and re.match(topics.everything(), topics.topic("bob", "control"))
+    assert topics.model_slug("a/b") != topics.model_slug("a-b")  # distinct names, distinct topics

@@ -208,9 +208,12 @@ async def cancel_future(request: Request, ctx: GatewayContext = Depends(get_ctx)
         raise NotFound(f"unknown request_id {body.request_id!r}")
     status = _cancel_status(row)
     if status == "cancel_requested":
+        session = await run_in_threadpool(ctx.projections.sampling_session, tenant, row.model_id)
         payload = SampleCancelRequested(request_id=row.request_id, sampling_session_id=row.model_id)
         event = new_event(SAMPLE_CANCEL_REQUESTED, payload, tenant=tenant, source=SOURCE, key=row.model_id, subject=row.request_id)
-        await run_in_threadpool(ctx.emit, event, topics.topic(tenant, "sampling"), Dedup.of(f"cancel:{row.request_id}", b""))
+        # Same topic and key as the sample itself, so the sampler sees the cancel after it.
+        where = topics.topic(tenant, "sampling", ctx.models.canonical(session.base_model))
+        await run_in_threadpool(ctx.emit, event, where, Dedup.of(f"cancel:{row.request_id}", b""))
     return CancelFutureResponse(request_id=row.request_id, status=status)
 
 

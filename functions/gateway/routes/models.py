@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 from fastapi import APIRouter, Depends, Request
 
 from eventing.store.event_store import Dedup
@@ -46,7 +48,9 @@ async def create_model(request: Request, ctx: GatewayContext = Depends(get_ctx),
         optimizer_config=_check_optimizer(body.optimizer_config),
     )
     dedup = Dedup.of(f"model:{body.session_id}:{body.model_seq_id}", raw)
-    return submit(ctx, tenant, CREATE_MODEL["requested"], payload, stream="training", key=model_id, dedup=dedup, model_id=model_id)
+    return submit(
+        ctx, tenant, CREATE_MODEL["requested"], payload, stream="training", base_model=body.base_model, key=model_id, dedup=dedup, model_id=model_id
+    )
 
 
 @router.post("/get_info")
@@ -64,7 +68,8 @@ def get_info(body: GetInfoRequest, ctx: GatewayContext = Depends(get_ctx), tenan
 
 def resolve_checkpoint(ctx: GatewayContext, tenant: str, path: str):
     parsed = TinkerPath.parse(path)
-    row = ctx.projections.checkpoint(tenant, parsed.run_id, parsed.checkpoint_id)
+    # Expired checkpoints are gone for readers at once, before the reaper deletes them.
+    row = ctx.projections.live_checkpoint(tenant, parsed.run_id, parsed.checkpoint_id, datetime.now(timezone.utc))
     if row is None:
         raise NotFound(f"checkpoint {path!r} not found")
     run = ctx.projections.run(tenant, parsed.run_id)
@@ -94,7 +99,7 @@ async def load_weights(request: Request, ctx: GatewayContext = Depends(get_ctx),
         )
 
     return submit_sequenced(
-        ctx, tenant, model_id=run.model_id, seq_id=body.seq_id, body=raw, event_type=LOAD_WEIGHTS["requested"], build=build
+        ctx, tenant, model_id=run.model_id, base_model=run.base_model, seq_id=body.seq_id, body=raw, event_type=LOAD_WEIGHTS["requested"], build=build
     )
 
 
@@ -125,4 +130,6 @@ def _create_via_load(ctx: GatewayContext, tenant: str, body: LoadWeightsRequest,
         user_metadata=body.user_metadata if body.user_metadata is not None else source_run.user_metadata,
     )
     dedup = Dedup.of(f"model:{body.session_id}:{body.model_seq_id}", raw)
-    return submit(ctx, tenant, LOAD_WEIGHTS["requested"], payload, stream="training", key=model_id, dedup=dedup, model_id=model_id)
+    return submit(
+        ctx, tenant, LOAD_WEIGHTS["requested"], payload, stream="training", base_model=base_model, key=model_id, dedup=dedup, model_id=model_id
+    )

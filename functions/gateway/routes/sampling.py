@@ -99,7 +99,15 @@ async def asample(request: Request, ctx: GatewayContext = Depends(get_ctx), tena
     )
     dedup = Dedup.of(f"sample:{session.sampling_session_id}:{body.seq_id}", raw) if body.seq_id is not None else None
     future = submit(
-        ctx, tenant, SAMPLE["requested"], payload, stream="sampling", key=session.sampling_session_id, dedup=dedup, sample_sequence_ids=sequence_ids
+        ctx,
+        tenant,
+        SAMPLE["requested"],
+        payload,
+        stream="sampling",
+        base_model=session.base_model,
+        key=session.sampling_session_id,
+        dedup=dedup,
+        sample_sequence_ids=sequence_ids,
     )
     # A retrieve_futures held on this session watches only the samples it knew when it
     # began; this wakes it to watch the new one too.

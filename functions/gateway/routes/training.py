@@ -3,6 +3,7 @@ save_weights_for_sampler."""
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Callable
 
 import zstandard
@@ -93,7 +94,7 @@ def _submit_forward_backward(
             data=[DatumRecord.from_datum(datum) for datum in call.data],
         )
 
-    return submit_sequenced(ctx, tenant, model_id=run.model_id, seq_id=seq_id, body=raw, event_type=FORWARD_BACKWARD["requested"], build=build)
+    return submit_sequenced(ctx, tenant, model_id=run.model_id, base_model=run.base_model, seq_id=seq_id, body=raw, event_type=FORWARD_BACKWARD["requested"], build=build)
 
 
 @router.post("/optim_step")
@@ -107,7 +108,7 @@ async def optim_step(request: Request, ctx: GatewayContext = Depends(get_ctx), t
             raise InvalidRequest(f"optimizer {body.optimizer_params.get('type')!r} is not supported; use adam_params")
         return OptimStepRequested(request_id=request_id, model_id=run.model_id, seq_id=body.seq_id, adam_params=body.adam_params or AdamParams())
 
-    return submit_sequenced(ctx, tenant, model_id=run.model_id, seq_id=body.seq_id, body=raw, event_type=OPTIM_STEP["requested"], build=build)
+    return submit_sequenced(ctx, tenant, model_id=run.model_id, base_model=run.base_model, seq_id=body.seq_id, body=raw, event_type=OPTIM_STEP["requested"], build=build)
 
 
 @router.post("/save_weights")
@@ -131,11 +132,12 @@ async def save_weights(request: Request, ctx: GatewayContext = Depends(get_ctx),
             user_metadata=body.user_metadata,
         )
 
-    return submit_sequenced(ctx, tenant, model_id=run.model_id, seq_id=body.seq_id, body=raw, event_type=SAVE_WEIGHTS["requested"], build=build)
+    return submit_sequenced(ctx, tenant, model_id=run.model_id, base_model=run.base_model, seq_id=body.seq_id, body=raw, event_type=SAVE_WEIGHTS["requested"], build=build)
 
 
 def _refuse_existing(ctx: GatewayContext, tenant: str, path: TinkerPath, overwrite: bool) -> None:
-    if not overwrite and ctx.projections.checkpoint(tenant, path.run_id, path.checkpoint_id) is not None:
+    live = ctx.projections.live_checkpoint(tenant, path.run_id, path.checkpoint_id, datetime.now(timezone.utc))
+    if not overwrite and live is not None:
         raise InvalidRequest(f"checkpoint {str(path)!r} already exists; pass overwrite=True to replace it")
 
 
@@ -170,5 +172,5 @@ async def save_weights_for_sampler(
         )
 
     return submit_sequenced(
-        ctx, tenant, model_id=run.model_id, seq_id=body.seq_id, body=raw, event_type=SAVE_WEIGHTS_FOR_SAMPLER["requested"], build=build
+        ctx, tenant, model_id=run.model_id, base_model=run.base_model, seq_id=body.seq_id, body=raw, event_type=SAVE_WEIGHTS_FOR_SAMPLER["requested"], build=build
     )

@@ -101,7 +101,9 @@ def test_a_finished_sample_is_unaffected(rig):
 def test_training_futures_are_not_cancellable_and_tenancy_holds(rig):
     rig, _worker = rig
     model = rig.post("/api/v1/create_model", {"session_id": rig.session_id, "model_seq_id": 0, "base_model": MODEL, "lora_config": {"rank": 4}}).json()
-    step = rig.post("/api/v1/optim_step", {"model_id": model["model_id"], "seq_id": 1}).json()["request_id"]
+    answer = rig.post("/api/v1/optim_step", {"model_id": model["model_id"], "seq_id": 1})
+    assert answer.status_code == 200, answer.text
+    step = answer.json()["request_id"]
     assert cancel(rig, step).json() == {"request_id": step, "status": "not_cancellable"}
     sample = rig.sample()
     answer = cancel(rig, sample, key=BOB)

@@ -48,7 +48,7 @@ def request(request_id, prompt=(1, 2, 3), adapter=None, num_samples=2, seed=5):
 
 def send(publisher, payload):
     event = new_event(SAMPLE["requested"], payload, tenant=TENANT, source="/test", key=payload.sampling_session_id)
-    publisher.publish(topics.topic(TENANT, "sampling"), event)
+    publisher.publish(topics.topic(TENANT, "sampling", TINY_QWEN3), event)
 
 
 def collect(worker, completions, codec, expected):

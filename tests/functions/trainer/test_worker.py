@@ -37,7 +37,7 @@ def rig(tmp_path, tiny_files):
 
 def send(publisher, type_, payload):
     event = new_event(type_, payload, tenant=TENANT, source="/test", key=payload.model_id)
-    publisher.publish(topics.topic(TENANT, "training"), event)
+    publisher.publish(topics.topic(TENANT, "training", TINY_QWEN3), event)
     return event
 
 
@@ -114,7 +114,7 @@ def test_a_redelivered_step_is_not_applied_twice(rig):
     assert len(pump(worker, completions, 2)) == 2
     engine = worker.engine(TINY_QWEN3)
     weights = {k: v.copy() for k, v in engine.adapter_weights(MODEL_ID).items()}
-    publisher.publish(topics.topic(TENANT, "training"), step)  # the log delivers it again
+    publisher.publish(topics.topic(TENANT, "training", TINY_QWEN3), step)  # the log delivers it again
     assert pump(worker, completions, 1) == []
     assert all(np.array_equal(weights[k], v) for k, v in engine.adapter_weights(MODEL_ID).items())
 
@@ -125,7 +125,7 @@ def test_offsets_are_not_committed_past_a_held_request(rig):
     held = send(publisher, te.FORWARD_BACKWARD["requested"], fb(2))
     pump(worker, completions, 1)
     committed = worker.consumer.committed()
-    partition = next(p for (t, p) in committed if t == topics.topic(TENANT, "training"))
+    partition = next(p for (t, p) in committed if t == topics.topic(TENANT, "training", TINY_QWEN3))
     # the create_model record (offset 0) is done; the held seq 2 (offset 1) is not committed
-    assert committed[(topics.topic(TENANT, "training"), partition)] == 1
+    assert committed[(topics.topic(TENANT, "training", TINY_QWEN3), partition)] == 1
     assert held.id  # and it is still on the log for whoever takes over

@@ -1,0 +1,79 @@
+"""The distributed deployment on one machine: a Kafka-protocol broker (noida-db), a fresh
+PostgreSQL database, and gateway, projector, trainer and sampler as separate processes
+sharing a data dir (blobs, snapshots). Each part can be killed and restarted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from sqlalchemy import create_engine, select
+
+from eventing.store import tables
+from functions.local_server import LocalProcess, LocalServer
+from tests.eventing.brokers import NoidaBroker
+
+KEY = "tml-cluster-alice"
+KEYS = f"alice={KEY}"
+MODEL = "openrl/tiny-qwen3"
+
+
+class Cluster:
+    def __init__(self, root: Path, database_url: str, snapshot_every: int = 2) -> None:
+        self.root = root
+        self.database_url = database_url
+        self.broker = NoidaBroker(root / "broker").start()
+        self.env = {
+            "OPENRL_BUS": "kafka",
+            "OPENRL_KAFKA_BOOTSTRAP": self.broker.bootstrap,
+            "OPENRL_DATABASE_URL": database_url,
+            "OPENRL_SNAPSHOT_EVERY_STEPS": str(snapshot_every),
+            "OPENRL_MODELS": MODEL,
+        }
+        self.data = root / "data"
+        self.workers: dict[str, LocalProcess] = {}
+        self.gateway: Optional[LocalServer] = None
+
+    def start(self) -> "Cluster":
+        for role in ("projector", "trainer", "sampler"):
+            self.start_role(role)
+        self.start_gateway()
+        for worker in self.workers.values():
+            worker.wait_ready()
+        return self
+
+    def start_role(self, role: str) -> LocalProcess:
+        args = ["--base-model", MODEL] if role in ("trainer", "sampler") else []
+        self.workers[role] = LocalProcess(self.data, role, KEYS, args, self.env)
+        return self.workers[role]
+
+    def start_gateway(self, port: Optional[int] = None) -> LocalServer:
+        self.gateway = LocalServer(self.data, [MODEL], KEYS, self.env, role="gateway", port=port)
+        return self.gateway.wait_ready()
+
+    @property
+    def url(self) -> str:
+        return self.gateway.url
+
+    def stop(self) -> None:
+        for part in [self.gateway, *self.workers.values()]:
+            if part is not None:
+                part.stop()
+        self.broker.stop()
+
+    def logs(self) -> str:
+        parts = [self.gateway, *self.workers.values()]
+        return "\n".join(f"--- {p.role}\n{p.log_tail()}" for p in parts if p is not None)
+
+    def query(self, statement):
+        engine = create_engine(self.database_url.replace("postgresql://", "postgresql+psycopg://", 1))
+        try:
+            with engine.connect() as conn:
+                return conn.execute(statement).all()
+        finally:
+            engine.dispose()
+
+    def checkpoint_files(self, tinker_path: str) -> dict:
+        rows = self.query(select(tables.checkpoints.c.files).where(tables.checkpoints.c.tinker_path == tinker_path))
+        assert rows, f"no checkpoint {tinker_path}"
+        return {name: ref["sha256"] for name, ref in rows[0].files.items()}
