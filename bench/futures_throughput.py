@@ -167,6 +167,7 @@ class Config:
     broker: Optional[str] = None  # "noida" | "tansu"
     postgres: bool = False
     fsync: bool = True
+    env: dict[str, str] = field(default_factory=dict)  # OPENRL_* settings of the server
     # per pass
     process: Optional[subprocess.Popen] = None
     broker_handle: object = None
@@ -190,7 +191,12 @@ CONFIGS = {
     "embedded-nofsync": lambda: Config("embedded-nofsync", "  same, log_fsync=false", fsync=False),
     "embedded-pg": lambda: Config("embedded-pg", "  embedded log + PostgreSQL", postgres=True),
     "noida": lambda: Config("noida", "Kafka (noida-db) + PostgreSQL", "kafka", broker="noida", postgres=True),
-    "tansu": lambda: Config("tansu", "Kafka (Tansu) + PostgreSQL", "kafka", broker="tansu", postgres=True),
+    # Tansu holds every fetch for the consumer's full fetch_max_wait_ms even when records
+    # arrive (Kafka answers at once), so a Tansu deployment lowers the wait (500 ms by default).
+    "tansu": lambda: Config(
+        "tansu", "Kafka (Tansu, fetch wait 20 ms) + PG", "kafka", broker="tansu", postgres=True,
+        env={"OPENRL_KAFKA_FETCH_MAX_WAIT_MS": "20"},
+    ),  # fmt: skip
 }
 
 
@@ -227,7 +233,9 @@ def start(config: Config, root: Path) -> None:
         command += ["--database-url", PG_ADMIN.rsplit("/", 1)[0] + "/" + config.database]
     log_path = workdir / "server.log"
     with open(log_path, "ab") as log:
-        config.process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        config.process = subprocess.Popen(
+            command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **config.env}
+        )
     deadline = time.monotonic() + 120
     while True:
         if config.process.poll() is not None or time.monotonic() > deadline:

@@ -44,7 +44,11 @@ class Runtime:
         if self.settings.bus == "kafka":
             from eventing.kafka_bus import KafkaBus
 
-            return KafkaBus(self.settings.kafka_bootstrap, partitions=self.settings.log_partitions)
+            return KafkaBus(
+                self.settings.kafka_bootstrap,
+                partitions=self.settings.log_partitions,
+                fetch_max_wait_ms=self.settings.kafka_fetch_max_wait_ms,
+            )
         return EmbeddedLog(self.settings.data_dir / "log.db", self.settings.log_partitions, self.settings.log_fsync)
 
     @cached_property

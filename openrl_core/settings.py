@@ -52,6 +52,13 @@ class Settings(BaseSettings):
         "embedded", description="the event log: the embedded SQLite log (one process) or Kafka (distributed)"
     )
     kafka_bootstrap: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers, comma-separated, when bus=kafka")
+    kafka_fetch_max_wait_ms: int = Field(
+        500,
+        ge=1,
+        le=10_000,
+        description="longest a consumer's fetch waits at the broker for records when bus=kafka (Kafka's default 500); "
+        "lower it for brokers that hold every fetch that long (Tansu), which otherwise adds it to each event's latency",
+    )
     log_partitions: int = Field(4, ge=1, le=64, description="partitions per topic (embedded log, and Kafka topics OpenRL creates)")
     log_fsync: bool = Field(True, description="embedded log: fsync every append (SQLite synchronous=FULL)")
     instance_id: Optional[str] = Field(

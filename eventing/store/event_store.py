@@ -13,7 +13,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import bindparam, delete, insert, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
@@ -51,47 +51,26 @@ class Appended:
     duplicate_of: Optional[str] = None  # the first request id, when a submission repeats
 
 
+# Built once with bind parameters: a statement built per event, values as literals, cost
+# more than running it (see projections).
+_EVENT_INSERT = insert(t.events)
+_SUBMISSION_INSERT = insert(t.submissions)
+_SUBMISSION = select(t.submissions).where(
+    t.submissions.c.tenant == bindparam("b_tenant"), t.submissions.c.dedup_key == bindparam("b_key")
+)
+
+
 class EventStore:
     def __init__(self, engine: Engine, codec: Codec) -> None:
         self.engine = engine
         self.codec = codec
 
     def append(self, event: Event, *, outbox_topic: Optional[str] = None, dedup: Optional[Dedup] = None) -> Appended:
-        data, claim = self.codec.pack(event)
         try:
             with self.engine.begin() as conn:
-                if dedup is not None:
-                    if self._seen(conn, event.tenant, dedup):
-                        return Appended(stored=False, duplicate_of=self._earlier_submission(conn, event.tenant, dedup))
-                    conn.execute(
-                        insert(t.submissions).values(
-                            tenant=event.tenant,
-                            dedup_key=dedup.key,
-                            request_id=None if dedup.rejected else getattr(event.data, "request_id", None),
-                            payload_sha256=dedup.payload_sha256,
-                            rejected=dedup.rejected,
-                        )
-                    )
-                conn.execute(
-                    insert(t.events).values(
-                        id=event.id,
-                        type=event.type,
-                        source=event.source,
-                        tenant=event.tenant,
-                        key=event.key,
-                        subject=event.subject,
-                        time=event.time,
-                        data=data or None,
-                        claim_sha256=claim.sha256 if claim else None,
-                        claim_size=claim.size if claim else None,
-                        dedup_key=dedup.key if dedup else None,
-                        dedup_sha256=dedup.payload_sha256 if dedup else None,
-                        dedup_rejected=dedup.rejected if dedup else None,
-                    )
-                )
-                projections.apply(conn, event)
-                if outbox_topic is not None:
-                    conn.execute(insert(t.outbox).values(event_id=event.id, topic=outbox_topic))
+                duplicate = self._write(conn, event, outbox_topic, dedup)
+                if duplicate is not None:
+                    return duplicate
         except IntegrityError:
             if dedup is not None:
                 # A concurrent twin won the race on the dedup row: answer like a retry.
@@ -103,11 +82,63 @@ class EventStore:
             raise
         return Appended(stored=True)
 
+    def append_batch(self, events: list[tuple[Event, Optional[Dedup]]]) -> int:
+        """Append many events in one transaction (replay: one commit, one fsync, per batch
+        instead of per event). Returns how many were new. If any collides with a row
+        already stored, the batch is rolled back and appended one by one, which answers
+        each collision as `append` does."""
+        stored = 0
+        try:
+            with self.engine.begin() as conn:
+                for event, dedup in events:
+                    stored += self._write(conn, event, None, dedup) is None
+        except IntegrityError:
+            return sum(self.append(event, dedup=dedup).stored for event, dedup in events)
+        return stored
+
+    def _write(self, conn, event: Event, outbox_topic: Optional[str], dedup: Optional[Dedup]) -> Optional[Appended]:
+        """Insert the event, its submission row and its projection changes; returns the
+        answer for a repeated submission instead (and writes nothing)."""
+        if dedup is not None:
+            if self._seen(conn, event.tenant, dedup):
+                return Appended(stored=False, duplicate_of=self._earlier_submission(conn, event.tenant, dedup))
+            conn.execute(
+                _SUBMISSION_INSERT,
+                dict(
+                    tenant=event.tenant,
+                    dedup_key=dedup.key,
+                    request_id=None if dedup.rejected else getattr(event.data, "request_id", None),
+                    payload_sha256=dedup.payload_sha256,
+                    rejected=dedup.rejected,
+                ),
+            )
+        data, claim = self.codec.pack(event)
+        conn.execute(
+            _EVENT_INSERT,
+            dict(
+                id=event.id,
+                type=event.type,
+                source=event.source,
+                tenant=event.tenant,
+                key=event.key,
+                subject=event.subject,
+                time=event.time,
+                data=data or None,
+                claim_sha256=claim.sha256 if claim else None,
+                claim_size=claim.size if claim else None,
+                dedup_key=dedup.key if dedup else None,
+                dedup_sha256=dedup.payload_sha256 if dedup else None,
+                dedup_rejected=dedup.rejected if dedup else None,
+            ),
+        )
+        projections.apply(conn, event)
+        if outbox_topic is not None:
+            conn.execute(insert(t.outbox).values(event_id=event.id, topic=outbox_topic))
+        return None
+
     def _seen(self, conn, tenant: str, dedup: Dedup) -> bool:
         """True when this exact submission was made before; a conflicting one raises."""
-        row = conn.execute(
-            select(t.submissions).where(t.submissions.c.tenant == tenant, t.submissions.c.dedup_key == dedup.key)
-        ).first()
+        row = conn.execute(_SUBMISSION, {"b_tenant": tenant, "b_key": dedup.key}).first()
         if row is None:
             return False
         what = dedup.key.split(":", 1)[-1]

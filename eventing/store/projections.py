@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Callable, Optional
 
-from sqlalchemy import and_, delete, insert, select, update
+from sqlalchemy import and_, bindparam, delete, insert, select, update
 from sqlalchemy.engine import Connection
 
 from eventing.store import tables as t
@@ -97,11 +97,19 @@ def _no_projection(conn: Connection, event: Event) -> None:
 # -- futures -------------------------------------------------------------------------------
 
 
+# The hot statements are built once with bind parameters: building one per event (with its
+# values as literals) cost more than running it, and replay runs them once per event.
+_FUTURE_STATE = select(t.futures.c.state).where(t.futures.c.request_id == bindparam("b_request_id"))
+_FUTURE_UPDATE = update(t.futures).where(t.futures.c.request_id == bindparam("b_request_id"))
+_FUTURE_INSERT = insert(t.futures)
+_RUN_UPDATE = update(t.training_runs).where(t.training_runs.c.model_id == bindparam("b_model_id"))
+
+
 def _future(conn: Connection, event: Event) -> Optional[FutureState]:
     """Fold a lifecycle event into its future; returns the new state (None: no such future)."""
     request_id = event.data.request_id
     phase = Phase(event.phase)
-    row = conn.execute(select(t.futures.c.state).where(t.futures.c.request_id == request_id)).first()
+    row = conn.execute(_FUTURE_STATE, {"b_request_id": request_id}).first()
     if row is None:
         if phase is not Phase.REQUESTED:
             return None
@@ -109,7 +117,8 @@ def _future(conn: Connection, event: Event) -> Optional[FutureState]:
         model_id = getattr(data, "model_id", None) or getattr(data, "sampling_session_id", None)
         session_id = getattr(data, "session_id", None) or (session_of(model_id) if model_id else None)
         conn.execute(
-            insert(t.futures).values(
+            _FUTURE_INSERT,
+            dict(
                 request_id=request_id,
                 tenant=event.tenant,
                 kind=event.verb,
@@ -117,7 +126,7 @@ def _future(conn: Connection, event: Event) -> Optional[FutureState]:
                 model_id=model_id,
                 state=evolve(None, phase).value,
                 created_at=event.time,
-            )
+            ),
         )
         return FutureState.PENDING
     before = FutureState(row.state)
@@ -129,12 +138,12 @@ def _future(conn: Connection, event: Event) -> Optional[FutureState]:
         values.update(result=event.data.result, completed_at=event.time)
     elif isinstance(event.data, RequestFailed):
         values.update(error=event.data.error, category=event.data.category, completed_at=event.time)
-    conn.execute(update(t.futures).where(t.futures.c.request_id == request_id).values(**values))
+    conn.execute(_FUTURE_UPDATE, {"b_request_id": request_id, **values})
     return after
 
 
 def _touch_run(conn: Connection, model_id: str, when: datetime, **values) -> None:
-    conn.execute(update(t.training_runs).where(t.training_runs.c.model_id == model_id).values(last_request_time=when, **values))
+    conn.execute(_RUN_UPDATE, {"b_model_id": model_id, "last_request_time": when, **values})
 
 
 def _insert_run(conn: Connection, event: Event, lora_config, user_metadata) -> None:

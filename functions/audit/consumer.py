@@ -21,7 +21,7 @@ from eventing import topics
 from eventing.blobs import BlobStore
 from eventing.bus import EventBus
 from eventing.codec import Codec
-from functions.audit import asgi
+from functions import event_asgi as asgi
 from functions.audit.journal import AuditJournal
 from openrl_core.settings import Settings
 

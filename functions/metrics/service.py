@@ -36,7 +36,7 @@ from eventing import topics
 from eventing.blobs import BlobStore
 from eventing.bus import EventBus
 from eventing.codec import Codec
-from functions.metrics import asgi
+from functions import event_asgi as asgi
 from functions.metrics.exposition import Metrics
 from openrl_core.settings import Settings
 

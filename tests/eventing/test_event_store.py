@@ -122,3 +122,32 @@ def test_large_payloads_are_stored_by_reference_and_read_back(store):
     store.append(event)
     [(_, back)] = store.read()
     assert back == event
+
+
+def test_a_batch_appends_in_one_go_and_a_redelivered_one_stores_only_what_is_new(store):
+    store, reads = store
+    created = ev(se.SESSION_CREATED, se.SessionCreated(session_id="s1"))
+    payload = te.CreateModelRequested(
+        request_id="req-create", session_id="s1", model_id="s1:train:0", model_seq_id=0,
+        base_model="openrl/tiny-qwen3", lora_config=LoraConfig(rank=4),
+    )  # fmt: skip
+    requested = ev(te.CREATE_MODEL["requested"], payload)
+    dedup = Dedup.of("model:s1:0", b"body")
+    assert store.append_batch([(created, None), (requested, dedup)]) == 2
+    assert reads.run(T, "s1:train:0").state == "creating"  # folded inside the batch, in order
+    done = ev(te.CREATE_MODEL["completed"], RequestCompleted(request_id="req-create", result={"model_id": "s1:train:0"}))
+    # The first two again (a redelivery): the batch falls back to one by one and adds only `done`.
+    assert store.append_batch([(created, None), (requested, dedup), (done, None)]) == 1
+    assert [e.id for _, e in store.read()] == [created.id, requested.id, done.id]
+    assert reads.future(T, "req-create").state == "completed"
+
+
+def test_a_conflicting_submission_rolls_the_whole_batch_back(store):
+    store, _ = store
+    session(store)
+    create_model(store)
+    other = ev(se.SESSION_CREATED, se.SessionCreated(session_id="s2"))
+    payload = te.OptimStepRequested(request_id="r2", model_id="s1:train:0", seq_id=1, adam_params=AdamParams())
+    with pytest.raises(Conflict):
+        store.append_batch([(other, None), (ev(te.OPTIM_STEP["requested"], payload), Dedup.of("model:s1:0", b"other body"))])
+    assert not store.contains(other.id)

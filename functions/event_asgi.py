@@ -1,4 +1,4 @@
-"""The few ASGI steps a consumer function needs: read a request, answer it, decode a CloudEvent.
+"""The few ASGI steps a consumer function (audit, metrics) needs: read a request, answer it, decode a CloudEvent.
 
 A Knative KafkaSource pushes each record as an HTTP POST in CloudEvents binary mode (`ce-*`
 headers, the payload as the body); `cloud_event` turns one into a typed `Event` with the
