@@ -41,12 +41,14 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 import httpx
+
+import scratch_pg
+from scratch_pg import PG_ADMIN
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # tests.eventing.brokers: the brokers the test suite starts
@@ -54,7 +56,6 @@ sys.path.insert(0, str(REPO))  # tests.eventing.brokers: the brokers the test su
 KEY = "tml-bench"
 TENANT = "bench"
 MODEL = "openrl/tiny-qwen3"
-PG_ADMIN = os.environ.get("OPENRL_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -200,17 +201,6 @@ CONFIGS = {
 }
 
 
-def admin_sql(statement: str) -> None:
-    from sqlalchemy import create_engine, text
-
-    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(statement))
-    finally:
-        admin.dispose()
-
-
 def start(config: Config, root: Path) -> None:
     """Broker (if any), scratch database (if any), then the server; ready once /healthz answers."""
     from functions.local_server import free_port
@@ -228,9 +218,8 @@ def start(config: Config, root: Path) -> None:
         config.broker_handle = broker_class(workdir / "broker").start()
         command += ["--kafka-bootstrap", config.broker_handle.bootstrap]
     if config.postgres:
-        config.database = "openrl_bench_" + uuid.uuid4().hex[:12]
-        admin_sql(f'CREATE DATABASE "{config.database}"')
-        command += ["--database-url", PG_ADMIN.rsplit("/", 1)[0] + "/" + config.database]
+        config.database, url = scratch_pg.create("openrl_bench")
+        command += ["--database-url", url]
     log_path = workdir / "server.log"
     with open(log_path, "ab") as log:
         config.process = subprocess.Popen(
@@ -261,7 +250,7 @@ def stop(config: Config) -> None:
         config.broker_handle.stop()
         config.broker_handle = None
     if config.database is not None:
-        admin_sql(f'DROP DATABASE IF EXISTS "{config.database}" WITH (FORCE)')
+        scratch_pg.drop(config.database)
         config.database = None
 
 

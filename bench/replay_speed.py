@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import random
 import tempfile
 import time
@@ -30,7 +29,8 @@ from typing import Iterator, Optional
 import numpy as np
 from sqlalchemy import select
 
-PG_ADMIN = os.environ.get("OPENRL_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+import scratch_pg
+
 STEPS_PER_MODEL = 100
 TOKENS = 64
 
@@ -155,10 +155,8 @@ class Scratch:
         if self.kind == "sqlite":
             url = f"sqlite:///{self.directory / (name + '.db')}"
         else:
-            database_name = f"openrl_bench_{name}_{uuid.uuid4().hex[:8]}"
-            self._admin(f'CREATE DATABASE "{database_name}"')
+            database_name, url = scratch_pg.create(f"openrl_bench_{name}")
             self.databases.append(database_name)
-            url = PG_ADMIN.rsplit("/", 1)[0] + "/" + database_name
         engine = database.make_engine(url)
         database.upgrade(engine)
         self.engines.append(engine)
@@ -168,18 +166,7 @@ class Scratch:
         for engine in self.engines:
             engine.dispose()
         for name in self.databases:
-            self._admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-    @staticmethod
-    def _admin(statement: str) -> None:
-        from sqlalchemy import create_engine, text
-
-        admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-        try:
-            with admin.connect() as conn:
-                conn.execute(text(statement))
-        finally:
-            admin.dispose()
+            scratch_pg.drop(name)
 
 
 def read_rows(store, batch: int = 2000) -> int:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Optional
 
 from eventing.codec import Codec
 from openrl_core.events import Event
+from openrl_core.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -58,3 +60,21 @@ async def lifespan(receive, send) -> None:
 def cloud_event(codec: Codec, request: Request) -> Event:
     """Raises (ServerError, ValueError, KeyError…) for a body that is not an OpenRL CloudEvent."""
     return codec.decode_http(request.headers, request.body)
+
+
+async def event_or_answer(codec: Codec, request: Request, send) -> Optional[Event]:
+    """The request's event; or None once the request is answered with why it has none."""
+    try:
+        return cloud_event(codec, request)
+    except OSError as exc:  # the blob store (claim check) is unreachable: worth a retry
+        await respond_json(send, 503, {"detail": f"payload unavailable: {exc}"})
+    except Exception as exc:
+        # 4xx: the source must not retry a body that can never decode (a dead-letter sink,
+        # where configured, keeps it).
+        await respond_json(send, 400, {"detail": f"not an OpenRL CloudEvent: {type(exc).__name__}: {exc}"})
+    return None
+
+
+def settings_from(cfg: dict) -> Settings:
+    """A function's settings from the func-python start() config (OPENRL_* keys, any case)."""
+    return Settings(**{k.lower(): v for k, v in cfg.items() if k.lower() in Settings.model_fields})

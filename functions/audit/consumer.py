@@ -87,7 +87,7 @@ class AuditFunction:
         self.codec = codec
 
     def start(self, cfg: dict) -> None:
-        settings = Settings(**{k.lower(): v for k, v in cfg.items() if k.lower() in Settings.model_fields})
+        settings = asgi.settings_from(cfg)
         # Claim-checked payloads are read from the blob store, as the log consumer reads them.
         self.codec = Codec(BlobStore(settings.data_dir / "blobs"), settings.inline_payload_limit)
         self.journal = AuditJournal(audit_dir(settings), settings.audit_dedup_window)
@@ -113,15 +113,8 @@ class AuditFunction:
         if request.method != "POST":
             await asgi.respond_json(send, 405, {"detail": "POST a CloudEvent (binary mode) to record it"})
             return
-        try:
-            event = asgi.cloud_event(self.codec, request)
-        except OSError as exc:  # the blob store (claim check) is unreachable: worth a retry
-            await asgi.respond_json(send, 503, {"detail": f"payload unavailable: {exc}"})
-            return
-        except Exception as exc:
-            # 4xx: the source must not retry a body that can never decode (a dead-letter
-            # sink, where configured, keeps it).
-            await asgi.respond_json(send, 400, {"detail": f"not an OpenRL CloudEvent: {type(exc).__name__}: {exc}"})
+        event = await asgi.event_or_answer(self.codec, request, send)
+        if event is None:
             return
         written = await asyncio.to_thread(self.journal.append, [event])
         await asgi.respond_json(send, 200, {"id": event.id, "written": written})

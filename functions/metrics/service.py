@@ -138,7 +138,7 @@ class MetricsFunction:
         self._last_save = time.monotonic()
 
     def start(self, cfg: dict) -> None:
-        settings = Settings(**{k.lower(): v for k, v in cfg.items() if k.lower() in Settings.model_fields})
+        settings = asgi.settings_from(cfg)
         self.codec = Codec(BlobStore(settings.data_dir / "blobs"), settings.inline_payload_limit)
         self.metrics = load_metrics(settings)
         self.checkpoint_seconds = settings.metrics_checkpoint_seconds
@@ -171,13 +171,8 @@ class MetricsFunction:
         if request.method != "POST":
             await asgi.respond_json(send, 405, {"detail": "GET /metrics, or POST a CloudEvent (binary mode)"})
             return
-        try:
-            event = asgi.cloud_event(self.codec, request)
-        except OSError as exc:  # the blob store (claim check) is unreachable: worth a retry
-            await asgi.respond_json(send, 503, {"detail": f"payload unavailable: {exc}"})
-            return
-        except Exception as exc:  # never decodable: a 4xx, so the source does not retry it
-            await asgi.respond_json(send, 400, {"detail": f"not an OpenRL CloudEvent: {type(exc).__name__}: {exc}"})
+        event = await asgi.event_or_answer(self.codec, request, send)
+        if event is None:
             return
         applied = self.metrics.ingest([event])
         # Pushed deliveries have no "caught up" moment: a finish waits at most this long
