@@ -31,6 +31,7 @@ ROLES = ("gateway", "projector", "trainer", "sampler")
 # the audit fsyncs a line per event on top of the log's own fsync, and metrics binds a port
 # of its own; one-machine users who want them run them beside `openrl serve`.
 OPTIONAL_ROLES = ("audit", "metrics")
+MODEL_ROLES = {"gateway", "trainer", "sampler"}
 
 
 class Node:
@@ -44,9 +45,12 @@ class Node:
         # Workers subscribe to the topics of the weights they hold; aliases share them.
         self.base_models = sorted({rt.catalog.canonical(m) for m in base_models}) if base_models else None
         base_models = self.base_models
-        for name in base_models or rt.catalog.names():
-            files = rt.models.files(name)
-            log.info("model %s ready at %s", files.name, files.path)
+        # Only the roles that read weights or tokenizers build the local model files; the
+        # projector, audit and metrics start without them.
+        if MODEL_ROLES & set(self.roles):
+            for name in base_models or rt.catalog.names():
+                files = rt.models.files(name)
+                log.info("model %s ready at %s", files.name, files.path)
         self._stop = threading.Event()
         self._loops: list[tuple[str, object]] = []
         self.app = None
@@ -107,7 +111,8 @@ class Node:
     def stop(self) -> None:
         self._stop.set()
         for thread in self._threads:
-            thread.join(timeout=30)
+            if thread.ident is not None:  # a node stopped before it started has none to join
+                thread.join(timeout=30)
         self.runtime.close()
 
     def serve_forever(self) -> None:

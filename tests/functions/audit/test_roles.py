@@ -43,3 +43,10 @@ def test_a_node_runs_audit_and_metrics(tmp_path, tiny_files):
     finally:
         node.stop()
     assert (tmp_path / "metrics" / "state.json").exists()
+
+
+def test_roles_that_read_no_weights_build_no_model_files(tmp_path):
+    cache = tmp_path / "models"
+    node = Node(Settings(data_dir=tmp_path / "data", model_cache=cache, models=[TINY_QWEN3]), ("projector", "audit"))
+    node.stop()
+    assert not cache.exists() or not any(cache.iterdir())
