@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Optional, Protocol
 
 from eventing.codec import Codec, Message
+from eventing.dedup import Dedup
 from openrl_core.events import Event
 
 
@@ -70,5 +71,5 @@ class EventPublisher:
         self.bus = bus
         self.codec = codec
 
-    def publish(self, topic: str, event: Event) -> Record:
-        return self.bus.publish(topic, self.codec.encode(event))
+    def publish(self, topic: str, event: Event, dedup: Optional[Dedup] = None) -> Record:
+        return self.bus.publish(topic, self.codec.encode(event, dedup))

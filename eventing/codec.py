@@ -19,6 +19,7 @@ from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
 
 from eventing.blobs import BlobStore
+from eventing.dedup import Dedup
 from openrl_core.errors import ServerError
 from openrl_core.events import Event, payload_model
 from openrl_core.events.lifecycle import BlobRef
@@ -26,6 +27,11 @@ from openrl_core.events.lifecycle import BlobRef
 JSON = "application/json"
 CLAIM_ATTR = "claimcheck"
 CLAIM_SIZE_ATTR = "claimsize"
+# A submission's dedup identity rides along on the log, so the log alone can rebuild the
+# store (`openrl replay --from-log`), submissions table included.
+DEDUP_KEY_ATTR = "dedupkey"
+DEDUP_SHA_ATTR = "dedupsha256"
+DEDUP_REFUSED_ATTR = "deduprefused"
 
 
 class _RawJSON(JSONFormat):
@@ -66,28 +72,36 @@ class Codec:
             data = self.blobs.get(tenant, claim)
         return payload_model(type_).model_validate_json(data or b"{}")
 
-    def encode(self, event: Event) -> Message:
+    def encode(self, event: Event, dedup: Optional[Dedup] = None) -> Message:
         data, claim = self.pack(event)
         attributes = _attributes(event)
         if claim is not None:
             attributes[CLAIM_ATTR] = claim.sha256
             attributes[CLAIM_SIZE_ATTR] = str(claim.size)
+        if dedup is not None:
+            attributes[DEDUP_KEY_ATTR] = dedup.key
+            attributes[DEDUP_SHA_ATTR] = dedup.payload_sha256
+            attributes[DEDUP_REFUSED_ATTR] = "true" if dedup.rejected else "false"
         message = ce_kafka.to_binary(CloudEvent(attributes, data or None), _FORMAT)
         key = message.key.encode() if isinstance(message.key, str) else message.key
         return Message(headers=message.headers, key=key, value=message.value)
 
     def decode(self, message: Message) -> Event:
-        cloud_event = ce_kafka.from_binary(
-            ce_kafka.KafkaMessage(headers=message.headers, key=message.key, value=message.value), _FORMAT, CloudEvent
-        )
-        return self._to_event(cloud_event)
+        return self._to_event(_from_kafka(message))
+
+    def decode_with_dedup(self, message: Message) -> tuple[Event, Optional[Dedup]]:
+        """The event and the dedup identity it was stored under (None: it had none)."""
+        cloud_event = _from_kafka(message)
+        attributes = cloud_event.get_attributes()
+        dedup = None
+        if attributes.get(DEDUP_KEY_ATTR):
+            refused = attributes.get(DEDUP_REFUSED_ATTR) == "true"
+            dedup = Dedup(attributes[DEDUP_KEY_ATTR], attributes[DEDUP_SHA_ATTR], rejected=refused)
+        return self._to_event(cloud_event), dedup
 
     def encode_http(self, event: Event) -> tuple[dict[str, str], bytes]:
         """HTTP binary mode, what a Knative KafkaSource delivers to a consumer function."""
-        message = self.encode(event)
-        cloud_event = ce_kafka.from_binary(
-            ce_kafka.KafkaMessage(headers=message.headers, key=message.key, value=message.value), _FORMAT, CloudEvent
-        )
+        cloud_event = _from_kafka(self.encode(event))
         http_message = ce_http.to_binary(cloud_event, _FORMAT)
         return dict(http_message.headers), http_message.body
 
@@ -132,3 +146,9 @@ def _attributes(event: Event) -> dict:
     if event.key is not None:
         attributes[ce_kafka.PARTITIONKEY_ATTR] = event.key
     return attributes
+
+
+def _from_kafka(message: Message) -> CloudEvent:
+    return ce_kafka.from_binary(
+        ce_kafka.KafkaMessage(headers=message.headers, key=message.key, value=message.value), _FORMAT, CloudEvent
+    )

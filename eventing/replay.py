@@ -5,17 +5,31 @@ order and under the dedup identity it was first appended with, into a fresh, mig
 database; the projections fold exactly as they did live. `diff` then compares the rebuilt
 tables with the live ones row by row. An empty diff is the proof that nothing the client
 sees exists only in a table.
+
+The log can be the source instead of the store (`read_log`): every event the store holds
+was published to the log too, with its dedup identity. Topics are ordered only per
+partition, so the events of all topics are merged by their CloudEvent time (a request
+before its own lifecycle events at equal times); on several machines that assumes their
+clocks agree to within the time a worker takes to answer. Replaying from an offset into a
+restored backup of the store is safe however early it starts: an event already stored is
+skipped by its id.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
+from eventing import topics
+from eventing.bus import EventBus
+from eventing.codec import Codec
+from eventing.dedup import Dedup
 from eventing.store.event_store import EventStore
 from eventing.store.queries import Projections
 from eventing.store.tables import metadata
+from openrl_core.events import Event
 
 # Every table folded from events. The outbox (in flight) and api_keys (configuration) are not.
 PROJECTED = ("sessions", "training_runs", "checkpoints", "sampling_sessions", "futures", "submissions")
@@ -45,6 +59,42 @@ def rebuild(source: EventStore, target: EventStore, batch: int = 500) -> tuple[i
         count += len(chunk)
         position = chunk[-1][0]
     return count, time.perf_counter() - started
+
+
+def read_log(
+    bus: EventBus, codec: Codec, from_offset: int = 0, first_wait: float = 30.0, idle: float = 3.0
+) -> list[tuple[Event, Optional[Dedup]]]:
+    """Every event on every OpenRL topic at offset `from_offset` or later in its partition,
+    merged into one causal order. The log has no end marker: reading stops once nothing
+    has arrived for `idle` seconds (after the first record, or after `first_wait`)."""
+    consumer = bus.consumer(f"openrl-replay-{uuid.uuid4().hex[:8]}", pattern=topics.everything(), from_beginning=True)
+    seen: dict[str, tuple[Event, Optional[Dedup]]] = {}
+    started = last = time.monotonic()
+    try:
+        while True:
+            records = consumer.poll(max_records=1000, timeout=0.5)
+            now = time.monotonic()
+            if records:
+                last = now
+            elif now - last >= (idle if seen or now - started >= first_wait else first_wait):
+                break
+            for record in records:
+                if record.offset >= from_offset:
+                    event, dedup = codec.decode_with_dedup(record.message)
+                    seen.setdefault(event.id, (event, dedup))  # a republished outbox event comes twice
+    finally:
+        consumer.close()
+    return sorted(seen.values(), key=lambda pair: (pair[0].time, _PHASE_ORDER.get(pair[0].phase, 2)))
+
+
+_PHASE_ORDER = {"requested": 0, "started": 1}
+
+
+def rebuild_from_events(events: list[tuple[Event, Optional[Dedup]]], target: EventStore, batch: int = 500) -> tuple[int, float]:
+    """Append (event, dedup) pairs to `target` in the given order; returns (new events, seconds)."""
+    started = time.perf_counter()
+    stored = sum(target.append_batch(events[i : i + batch]) for i in range(0, len(events), batch))
+    return stored, time.perf_counter() - started
 
 
 def diff(live: Projections, rebuilt: Projections, tables: tuple[str, ...] = PROJECTED) -> list[str]:

@@ -60,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     replay = commands.add_parser("replay", help="rebuild every projection from the events and diff it against the live one")
     _deployment_options(replay)
     replay.add_argument("--into", default=None, help="database to rebuild into (default: a fresh temporary SQLite file)")
+    replay.add_argument("--from-log", action="store_true", help="read the events from the log (Kafka) instead of the store")
+    replay.add_argument(
+        "--from-offset", type=int, default=0,
+        help="with --from-log: start at this offset in every partition (into a restored backup given by --into)",
+    )  # fmt: skip
 
     events = commands.add_parser("events", help="inspect the event stream")
     events_commands = events.add_subparsers(dest="events_command", required=True)
@@ -105,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         node.serve_forever()
         return 0
     if args.command == "replay":
-        return _replay(settings, args.into)
+        return _replay(settings, args.into, args.from_log, args.from_offset)
     if args.command == "events":
         return _tail(settings, args)
     if args.command == "models":
@@ -124,10 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-def _replay(settings, into: str | None) -> int:
+def _replay(settings, into: str | None, from_log: bool = False, from_offset: int = 0) -> int:
     import tempfile
 
-    from eventing.replay import replay
+    from eventing.replay import ReplayReport, diff, read_log, rebuild_from_events, replay
     from eventing.store.event_store import EventStore
     from eventing.store.queries import Projections
     from functions.runtime import Runtime
@@ -138,7 +143,14 @@ def _replay(settings, into: str | None) -> int:
 
         engine = database.make_engine(into or f"sqlite:///{scratch}/replay.db")
         database.upgrade(engine)
-        report = replay(live.store, live.projections, EventStore(engine, live.codec), Projections(engine))
+        target, rebuilt = EventStore(engine, live.codec), Projections(engine)
+        if from_log:
+            events = read_log(live.bus, live.codec, from_offset)
+            stored, seconds = rebuild_from_events(events, target)
+            print(f"read {len(events)} events from the log, {stored} of them new to the target")
+            report = ReplayReport(len(events), seconds, diff(live.projections, rebuilt))
+        else:
+            report = replay(live.store, live.projections, target, rebuilt)
         engine.dispose()
     live.close()
     print(f"replayed {report.events} events in {report.seconds:.2f} s ({report.events_per_second:.0f} events/s)")

@@ -9,7 +9,6 @@ left in it after a crash is published again on start (at-least-once, like the lo
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
@@ -18,31 +17,12 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
 from eventing.codec import Codec
+from eventing.dedup import Dedup  # noqa: F401  (re-exported: the store's callers name it from here)
 from eventing.store import projections
 from eventing.store import tables as t
 from openrl_core.errors import Conflict
 from openrl_core.events import Event
 from openrl_core.events.lifecycle import BlobRef
-
-
-@dataclass(frozen=True)
-class Dedup:
-    """A submission's identity, e.g. `seq:<model_id>:<seq_id>`, and its payload's hash.
-
-    `rejected` marks a submission the gateway refused: its identity stays used (its
-    seq_id was skipped), so a later, different body under it is a conflict.
-    """
-
-    key: str
-    payload_sha256: str
-    rejected: bool = False
-
-    @classmethod
-    def of(cls, key: str, payload: bytes) -> "Dedup":
-        return cls(key, hashlib.sha256(payload).hexdigest())
-
-    def refused(self) -> "Dedup":
-        return Dedup(self.key, self.payload_sha256, rejected=True)
 
 
 @dataclass(frozen=True)
@@ -157,12 +137,13 @@ class EventStore:
         with self.engine.connect() as conn:
             return conn.execute(select(t.events.c.id).where(t.events.c.id == event_id)).first() is not None
 
-    def unpublished(self) -> list[tuple[Event, str]]:
+    def unpublished(self) -> list[tuple[Event, str, Optional[Dedup]]]:
+        """Outbox events not yet on the log: (event, topic, its dedup identity)."""
         with self.engine.connect() as conn:
             rows = conn.execute(
                 select(t.events, t.outbox.c.topic).join(t.outbox, t.outbox.c.event_id == t.events.c.id).order_by(t.events.c.position)
             ).all()
-        return [(self._row_to_event(row), row.topic) for row in rows]
+        return [(self._row_to_event(row), row.topic, _dedup_of(row)) for row in rows]
 
     def mark_published(self, event_id: str) -> None:
         with self.engine.begin() as conn:
@@ -190,10 +171,7 @@ class EventStore:
             rows = conn.execute(
                 select(t.events).where(t.events.c.position > after_position).order_by(t.events.c.position).limit(limit)
             ).all()
-        return [
-            (row.position, self._row_to_event(row), Dedup(row.dedup_key, row.dedup_sha256, bool(row.dedup_rejected)) if row.dedup_key else None)
-            for row in rows
-        ]
+        return [(row.position, self._row_to_event(row), _dedup_of(row)) for row in rows]
 
     def _row_to_event(self, row) -> Event:
         claim = BlobRef(sha256=row.claim_sha256, size=row.claim_size) if row.claim_sha256 else None
@@ -207,3 +185,7 @@ class EventStore:
             subject=row.subject,
             data=self.codec.unpack(row.tenant, row.type, row.data, claim),
         )
+
+
+def _dedup_of(row) -> Optional[Dedup]:
+    return Dedup(row.dedup_key, row.dedup_sha256, bool(row.dedup_rejected)) if row.dedup_key else None

@@ -43,7 +43,7 @@ class GatewayContext:
         topic = topic or topics.topic(event.tenant, "control")
         appended = self.store.append(event, outbox_topic=topic, dedup=dedup)
         if appended.stored:
-            self.publisher.publish(topic, event)
+            self.publisher.publish(topic, event, dedup)
             self.store.mark_published(event.id)
         elif appended.duplicate_of is not None:
             # A retry: the first attempt may have stored its event and then failed to
@@ -53,7 +53,7 @@ class GatewayContext:
 
     def republish_outbox(self) -> int:
         pending = self.store.unpublished()
-        for event, topic in pending:
-            self.publisher.publish(topic, event)
+        for event, topic, dedup in pending:
+            self.publisher.publish(topic, event, dedup)
             self.store.mark_published(event.id)
         return len(pending)

@@ -4,13 +4,16 @@ sharing a data dir (blobs, snapshots). Each part can be killed and restarted."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Optional
 
 from sqlalchemy import create_engine, select
 
 from eventing.store import tables
-from functions.local_server import LocalProcess, LocalServer
+from functions.local_server import REPO, LocalProcess, LocalServer
 from tests.eventing.brokers import NoidaBroker
 
 KEY = "tml-cluster-alice"
@@ -60,6 +63,12 @@ class Cluster:
             if part is not None:
                 part.stop()
         self.broker.stop()
+
+    def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        """An `openrl` command against this deployment, run to completion."""
+        env = dict(os.environ, OPENRL_API_KEYS=KEYS, **self.env)
+        command = [sys.executable, "-m", "functions.cli", *args, "--data-dir", str(self.data)]
+        return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
     def logs(self) -> str:
         parts = [self.gateway, *self.workers.values()]

@@ -55,8 +55,11 @@ def run(service_client, steps=STEPS, during=None, name="final"):
     return losses, path
 
 
-def test_the_sdk_walkthrough_runs_distributed(cluster):
+def test_the_sdk_walkthrough_runs_distributed_and_the_store_and_the_log_each_rebuild_it(cluster):
     walkthrough(service(cluster))
+    for source in ([], ["--from-log"]):
+        replayed = cluster.cli("replay", *source)
+        assert replayed.returncode == 0 and "projections match" in replayed.stdout, replayed.stdout + replayed.stderr
 
 
 def test_a_killed_trainer_is_replaced_and_the_run_is_bitwise_the_uninterrupted_one(cluster):

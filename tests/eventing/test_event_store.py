@@ -97,9 +97,10 @@ def test_checkpoints_and_outbox(store):
     session(store)
     create_model(store)
     save = te.SaveWeightsRequested(request_id="req-save", model_id="s1:train:0", seq_id=1, name="final")
-    store.append(ev(te.SAVE_WEIGHTS["requested"], save), outbox_topic="openrl.alice.training")
+    dedup = Dedup.of("seq:s1:train:0:1", b"save")
+    store.append(ev(te.SAVE_WEIGHTS["requested"], save), outbox_topic="openrl.alice.training", dedup=dedup)
     pending = store.unpublished()
-    assert [(e.id, topic) for e, topic in pending] == [(pending[0][0].id, "openrl.alice.training")]
+    assert [(e.id, topic, d) for e, topic, d in pending] == [(pending[0][0].id, "openrl.alice.training", dedup)]
     store.mark_published(pending[0][0].id)
     assert store.unpublished() == []
     ref = BlobRef(sha256="a" * 64, size=10)
