@@ -216,21 +216,7 @@ def _saved(conn: Connection, event: Event) -> None:
 
 
 def _upsert_checkpoint(conn: Connection, event: Event, saved: CheckpointSaved) -> None:
-    key = and_(t.checkpoints.c.run_id == saved.run_id, t.checkpoints.c.checkpoint_id == saved.checkpoint_id)
-    values = dict(
-        tenant=event.tenant,
-        kind=saved.kind,
-        tinker_path=saved.tinker_path,
-        files={name: ref.model_dump() for name, ref in saved.files.items()},
-        size_bytes=saved.size_bytes,
-        created_at=event.time,
-        expires_at=saved.expires_at,
-        user_metadata=saved.user_metadata,
-    )
-    if conn.execute(select(t.checkpoints.c.run_id).where(key)).first() is None:
-        conn.execute(insert(t.checkpoints).values(run_id=saved.run_id, checkpoint_id=saved.checkpoint_id, public=False, **values))
-    else:
-        conn.execute(update(t.checkpoints).where(key).values(**values))
+    _put_checkpoint(conn, event.tenant, saved, event.time)
     column = "last_checkpoint" if CHECKPOINT_TYPE[saved.kind] == "training" else "last_sampler_checkpoint"
     _touch_run(conn, saved.run_id, event.time, **{column: saved.checkpoint_id})
 
