@@ -146,19 +146,20 @@ def _touch_run(conn: Connection, model_id: str, when: datetime, **values) -> Non
     conn.execute(_RUN_UPDATE, {"b_model_id": model_id, "last_request_time": when, **values})
 
 
-def _insert_run(conn: Connection, event: Event, lora_config, user_metadata) -> None:
+def _insert_run(conn: Connection, event: Event, model_id: str, state: str = "creating") -> None:
+    """A run's row from the request that makes it (create_model, load_weights, copy_weights)."""
     data = event.data
     conn.execute(
         insert(t.training_runs).values(
-            model_id=data.model_id,
+            model_id=model_id,
             tenant=event.tenant,
             session_id=data.session_id,
             base_model=data.base_model,
             is_lora=True,
-            lora_rank=lora_config.rank,
-            lora_config=lora_config.model_dump(),
-            user_metadata=user_metadata,
-            state="creating",
+            lora_rank=data.lora_config.rank,
+            lora_config=data.lora_config.model_dump(),
+            user_metadata=data.user_metadata,
+            state=state,
             created_at=event.time,
             last_request_time=event.time,
         )
@@ -168,14 +169,14 @@ def _insert_run(conn: Connection, event: Event, lora_config, user_metadata) -> N
 @handles(training_events.CREATE_MODEL["requested"])
 def _create_model_requested(conn: Connection, event: Event) -> None:
     if _future(conn, event) is FutureState.PENDING:
-        _insert_run(conn, event, event.data.lora_config, event.data.user_metadata)
+        _insert_run(conn, event, event.data.model_id)
 
 
 @handles(training_events.LOAD_WEIGHTS["requested"])
 def _load_requested(conn: Connection, event: Event) -> None:
     state = _future(conn, event)
     if event.data.session_id is not None and state is FutureState.PENDING:
-        _insert_run(conn, event, event.data.lora_config, event.data.user_metadata)
+        _insert_run(conn, event, event.data.model_id)
     elif event.data.seq_id is not None:
         _touch_run(conn, event.data.model_id, event.time)
 
@@ -364,22 +365,8 @@ def _checkpoint_copied(conn: Connection, event: Event) -> None:
             )
         )
     if conn.execute(select(t.training_runs.c.model_id).where(t.training_runs.c.model_id == saved.run_id)).first() is None:
-        conn.execute(
-            insert(t.training_runs).values(
-                model_id=saved.run_id,
-                tenant=event.tenant,
-                session_id=data.session_id,
-                base_model=data.base_model,
-                is_lora=True,
-                lora_rank=data.lora_config.rank,
-                lora_config=data.lora_config.model_dump(),
-                user_metadata=data.user_metadata,
-                # Not "ready": nothing trains a copy's run (no trainer ever created its adapter).
-                state="frozen",
-                created_at=event.time,
-                last_request_time=event.time,
-            )
-        )
+        # Not "ready": nothing trains a copy's run (no trainer ever created its adapter).
+        _insert_run(conn, event, saved.run_id, state="frozen")
     _put_checkpoint(conn, event.tenant, saved, event.time)
     _refresh_last(conn, saved.run_id, saved.kind)
 

@@ -234,14 +234,7 @@ class TrainerWorker:
         data = event.data
         slot = self._slot(event)
         files = self._write(event.tenant, self.engine(slot.base_model).export_state(data.model_id))
-        checkpoint = CheckpointSaved(
-            run_id=data.model_id,
-            kind="weights",
-            name=data.name,
-            files=files,
-            expires_at=expiry(data.ttl_seconds, datetime.now(timezone.utc)),
-            user_metadata=data.user_metadata,
-        )
+        checkpoint = _checkpoint(data, "weights", files, user_metadata=data.user_metadata)
         return {"result": {"path": checkpoint.tinker_path, "type": "save_weights"}, "checkpoint": checkpoint}
 
     def _save_for_sampler(self, event: Event) -> dict:
@@ -249,14 +242,7 @@ class TrainerWorker:
         slot = self._slot(event)
         files = self._write(event.tenant, self.engine(slot.base_model).export_adapter(data.model_id))
         if data.name is not None:
-            checkpoint = CheckpointSaved(
-                run_id=data.model_id,
-                kind="sampler_weights",
-                name=data.name,
-                files=files,
-                expires_at=expiry(data.ttl_seconds, datetime.now(timezone.utc)),
-                user_metadata=data.user_metadata,
-            )
+            checkpoint = _checkpoint(data, "sampler_weights", files, user_metadata=data.user_metadata)
             return {"result": {"path": checkpoint.tinker_path, "type": "save_weights_for_sampler"}, "checkpoint": checkpoint}
         bound = SamplingSessionBound(
             sampling_session_id=data.sampling_session_id,
@@ -272,13 +258,7 @@ class TrainerWorker:
         data = event.data
         slot = self._slot(event)
         files = self._write(event.tenant, self.engine(slot.base_model).export_adapter(data.model_id))
-        checkpoint = CheckpointSaved(
-            run_id=data.model_id,
-            kind="external_weights",
-            name=data.name,
-            files=files,
-            expires_at=expiry(data.ttl_seconds, datetime.now(timezone.utc)),
-        )
+        checkpoint = _checkpoint(data, "external_weights", files)
         result = {"path": checkpoint.tinker_path, "size_bytes": checkpoint.size_bytes, "type": "save_weights_external"}
         return {"result": result, "checkpoint": checkpoint}
 
@@ -293,3 +273,15 @@ class TrainerWorker:
 
     def _read(self, tenant: str, refs) -> dict[str, bytes]:
         return {name: self.blobs.get(tenant, ref) for name, ref in refs.items()}
+
+
+def _checkpoint(data, kind: str, files: dict, **extra) -> CheckpointSaved:
+    """The record of a named save request's files; its TTL counts from now."""
+    return CheckpointSaved(
+        run_id=data.model_id,
+        kind=kind,
+        name=data.name,
+        files=files,
+        expires_at=expiry(data.ttl_seconds, datetime.now(timezone.utc)),
+        **extra,
+    )
