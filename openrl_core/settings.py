@@ -5,6 +5,7 @@ Nothing else reads the environment. Every field says what it does; unknown keys 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -16,6 +17,17 @@ from openrl_core.errors import InvalidRequest
 from openrl_core.ids import check_tenant_name, tenant_for_key
 
 DEFAULT_API_KEY = "tml-openrl-local"
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+
+
+def parse_bytes(text: str) -> int:
+    """'6GiB', '512MiB', '1.5G', '123' -> bytes; anything else is a ValueError naming it."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS:
+        raise ValueError(f"{text!r} is not a size; write e.g. 6GiB, 512MiB, 2G or a number of bytes")
+    return int(float(match.group(1)) * _UNITS[unit])
 
 
 class Settings(BaseSettings):
@@ -107,7 +119,48 @@ class Settings(BaseSettings):
         60.0, gt=0, description="metrics: the trailing window that the tokens-per-second gauges average over"
     )
 
-    @field_validator("api_keys", "models", mode="before")
+    # -- shared accelerators: the node's timeslicer, full fine-tuning, delta sync -----------
+    timeslicer_socket: Optional[Path] = Field(
+        None,
+        description="Unix socket of the node's timeslicer daemon (`openrl timeslicer`); unset: `openrl serve` runs one "
+        "in-process on <data_dir>/timeslicer.sock, and a worker started alone keeps a private in-process one",
+    )
+    accelerator_memory: Optional[int] = Field(
+        None,
+        description="memory budget per accelerator in bytes or with a unit (6GiB, 512MiB): jobs beyond it park; "
+        "default on CUDA 90% of the device's memory, on CPU no limit",
+    )
+    accelerators: int = Field(1, ge=1, le=64, description="CPU only: how many accelerators the timeslicer models")
+    timeslicer_policy: Literal["fifo", "lrs"] = Field(
+        "lrs", description="turn order: first come first served, or least recently served (both with aging)"
+    )
+    lease_seconds: float = Field(10.0, gt=0, le=600, description="a turn's lease lifetime; holders renew it every third")
+    timeslicer_aging_seconds: float = Field(30.0, gt=0, description="a waiter older than this is served first")
+    timeslicer_http_port: int = Field(9465, ge=0, le=65535, description="port of the daemon's /metrics, /status, /healthz")
+    full_finetune_models: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="served base_model names (comma-separated) whose training runs are full fine-tuning, for recipes "
+        "that cannot pass user_metadata {\"openrl.full_finetune\": \"true\"}",
+    )
+    serving_dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "bfloat16", description="dtype a full run's weights are published to samplers in (deltas compare its bits)"
+    )
+    delta_full_every: int = Field(
+        20, ge=0, description="publish a full checkpoint after this many deltas in a row (0: only when needed)"
+    )
+    delta_max_share: float = Field(
+        0.5, gt=0, le=1, description="publish a full checkpoint instead of a delta larger than this share of it"
+    )
+    sampler_max_full_models: int = Field(
+        2, ge=1, description="full fine-tuned weight sets a sampler keeps per base model (least recently used leaves)"
+    )
+
+    @field_validator("accelerator_memory", mode="before")
+    @classmethod
+    def _parse_bytes(cls, value):
+        return parse_bytes(value) if isinstance(value, str) else value
+
+    @field_validator("api_keys", "models", "full_finetune_models", mode="before")
     @classmethod
     def _split_commas(cls, value):
         if isinstance(value, str):
