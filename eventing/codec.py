@@ -32,6 +32,7 @@ CLAIM_SIZE_ATTR = "claimsize"
 DEDUP_KEY_ATTR = "dedupkey"
 DEDUP_SHA_ATTR = "dedupsha256"
 DEDUP_REFUSED_ATTR = "deduprefused"
+LEASE_ATTR = "openrllease"
 
 
 class _RawJSON(JSONFormat):
@@ -128,6 +129,7 @@ class Codec:
             tenant=tenant,
             key=attributes.get(ce_kafka.PARTITIONKEY_ATTR),
             subject=attributes.get("subject"),
+            lease=int(attributes[LEASE_ATTR]) if attributes.get(LEASE_ATTR) else None,
             data=payload,
         )
 
@@ -145,6 +147,8 @@ def _attributes(event: Event) -> dict:
         attributes["subject"] = event.subject
     if event.key is not None:
         attributes[ce_kafka.PARTITIONKEY_ATTR] = event.key
+    if event.lease is not None:
+        attributes[LEASE_ATTR] = str(event.lease)
     return attributes
 
 

@@ -5,7 +5,8 @@ sampler of one base model reads only its own topics, and several replicas of it 
 their partitions. `completions` and `control` are per tenant. Workers subscribe by
 pattern, so a new tenant's topic is picked up without a restart.
 
-    openrl.<tenant>.training.<model-slug>
+    openrl.<tenant>.training.<model-slug>        LoRA runs (one trainer shares the base)
+    openrl.<tenant>.training-full.<model-slug>   full fine-tuning runs (a trainer, or one per run)
     openrl.<tenant>.sampling.<model-slug>
     openrl.<tenant>.completions
     openrl.<tenant>.control
@@ -18,7 +19,7 @@ import re
 from typing import Iterable, Optional
 
 PREFIX = "openrl"
-WORK_STREAMS = ("training", "sampling")
+WORK_STREAMS = ("training", "training-full", "sampling")
 STREAMS = (*WORK_STREAMS, "completions", "control")
 
 
@@ -49,7 +50,7 @@ def pattern(stream: str, base_models: Optional[Iterable[str]] = None) -> str:
 
 
 def everything() -> str:
-    return rf"^{re.escape(PREFIX)}\.[a-z0-9-]+\.[a-z]+(\.[a-z0-9-]+)?$"
+    return rf"^{re.escape(PREFIX)}\.[a-z0-9-]+\.[a-z-]+(\.[a-z0-9-]+)?$"
 
 
 def tenant_of(topic_name: str) -> str:

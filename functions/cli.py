@@ -39,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
         worker = commands.add_parser(role, help=f"a {role} worker alone (distributed deployment)")
         _deployment_options(worker)
         worker.add_argument("--base-model", action="append", default=None, help="base models it serves (repeatable; default all)")
+        if role == "trainer":
+            worker.add_argument("--kind", choices=("lora", "full", "all"), default="all", help="LoRA runs, full fine-tuning runs, or both")
+            worker.add_argument("--model-id", default=None, help="serve this one run only (a per-run trainer)")
     projector = commands.add_parser("projector", help="the projector alone: stores worker events and wakes long-polls")
     _deployment_options(projector)
     audit = commands.add_parser(
@@ -76,10 +79,16 @@ def main(argv: list[str] | None = None) -> int:
     tail.add_argument("-n", "--lines", type=int, default=20, help="history lines to print first (0: all)")
     tail.add_argument("-f", "--follow", action="store_true", help="keep printing new events from the log")
 
+    from functions.timeslicer import cli as timeslicer_cli
+
+    timeslicer_cli.add_parser(commands)
+
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for chatty in ("kafka", "alembic"):  # their INFO lines drown ours
         logging.getLogger(chatty).setLevel(logging.WARNING)
+    if args.command == "timeslicer":
+        return timeslicer_cli.run(args)
     from openrl_core.settings import Settings
 
     flags = {
@@ -104,7 +113,11 @@ def main(argv: list[str] | None = None) -> int:
         from functions.serve import ROLES, Node
 
         roles = ROLES if args.command == "serve" else (args.command,)
-        node = Node(settings, roles, base_models=getattr(args, "base_model", None))
+        kind = getattr(args, "kind", "all")
+        node = Node(
+            settings, roles, base_models=getattr(args, "base_model", None),
+            trainer_kinds=("lora", "full") if kind == "all" else (kind,), only_model=getattr(args, "model_id", None),
+        )  # fmt: skip
         where = f" on http://{settings.host}:{settings.port}" if node.app is not None else ""
         print(f"openrl: {', '.join(roles)} for {', '.join(node.runtime.catalog.names())}{where}", flush=True)
         node.serve_forever()

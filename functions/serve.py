@@ -3,8 +3,11 @@
 `openrl serve` runs every role in one process over the embedded log and a SQLite store:
 the gateway answers HTTP on the event loop; the projector, trainer and sampler each run
 their consume loop in a thread (torch releases the GIL in its kernels), and the trainer
-and sampler take turns on the accelerator. The distributed deployment runs the same
-roles one per process (`openrl gateway`, `openrl trainer`, …) over Kafka and PostgreSQL.
+and sampler take turns on the accelerator through a timeslicer daemon the process runs
+itself on <data_dir>/timeslicer.sock (or the node's, when `timeslicer_socket` is set),
+reached over the socket exactly as separate worker processes reach the node's daemon.
+The distributed deployment runs the same roles one per process (`openrl gateway`,
+`openrl trainer`, …) over Kafka and PostgreSQL.
 Shutdown (SIGTERM, SIGINT) stops the loops, then closes the log.
 """
 
@@ -12,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import signal
-import socket
+import socket as socket_module
 import threading
 from typing import Iterable, Optional
 
@@ -20,8 +23,8 @@ import uvicorn
 
 from eventing import topics
 from eventing.projector import Projector
-from functions.compute.accelerator import AcceleratorTurns
 from functions.runtime import Runtime
+from functions.timeslicer import setup as timeslicer_setup
 from functions.trainer.snapshots import SnapshotStore
 from openrl_core.settings import Settings
 
@@ -35,7 +38,14 @@ MODEL_ROLES = {"gateway", "trainer", "sampler"}
 
 
 class Node:
-    def __init__(self, settings: Settings, roles: Iterable[str] = ROLES, base_models: Optional[list[str]] = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        roles: Iterable[str] = ROLES,
+        base_models: Optional[list[str]] = None,
+        trainer_kinds: Iterable[str] = ("lora", "full"),
+        only_model: Optional[str] = None,
+    ) -> None:
         self.settings = settings
         self.roles = tuple(roles)
         unknown = set(self.roles) - set(ROLES) - set(OPTIONAL_ROLES)
@@ -54,7 +64,21 @@ class Node:
         self._stop = threading.Event()
         self._loops: list[tuple[str, object]] = []
         self.app = None
-        turns = AcceleratorTurns()
+        self.timeslicer = None
+        socket = None
+        if {"trainer", "sampler"} <= set(self.roles) and settings.timeslicer_socket is None:
+            from functions.timeslicer.daemon import Daemon
+
+            socket = timeslicer_setup.socket_path(settings)
+            self.timeslicer = Daemon(timeslicer_setup.service(settings), socket)
+            self.timeslicer.start_in_thread()
+        self._clients = []
+
+        def slicer(role: str):
+            client = timeslicer_setup.connect(settings, self._instance_id(role), socket=socket)
+            self._clients.append(client)
+            return client
+
         if "gateway" in self.roles:
             from functions.gateway.app import create_app
             from functions.gateway.relay import OutboxRelay
@@ -71,19 +95,26 @@ class Node:
             from functions.trainer.worker import TrainerWorker
 
             snapshots = SnapshotStore(settings.data_dir / "snapshots", rt.blobs)
+            from functions.trainer.worker import TrainerOptions
+
+            options = TrainerOptions(
+                kinds=tuple(trainer_kinds), only_model=only_model, serving_dtype=settings.serving_dtype,
+                delta_full_every=settings.delta_full_every, delta_max_share=settings.delta_max_share,
+            )  # fmt: skip
             self.trainer = TrainerWorker(
-                rt.bus, rt.publisher, rt.blobs, rt.models, turns, settings.device,
+                rt.bus, rt.publisher, rt.blobs, rt.models, slicer("trainer"), settings.device,
                 base_models=base_models, snapshots=snapshots, snapshot_every_steps=settings.snapshot_every_steps,
-                instance_id=self._instance_id("trainer"),
+                instance_id=self._instance_id("trainer"), options=options,
+                group="openrl-trainer" if only_model is None else f"openrl-trainer-{topics.model_slug(only_model)}",
             )  # fmt: skip
             self._loops.append(("trainer", self.trainer))
         if "sampler" in self.roles:
             from functions.sampler.worker import SamplerWorker
 
             self.sampler = SamplerWorker(
-                rt.bus, rt.publisher, rt.blobs, rt.models, turns, settings.device,
+                rt.bus, rt.publisher, rt.blobs, rt.models, slicer("sampler"), settings.device,
                 settings.sampler_max_batch_rows, settings.sampler_max_adapters, base_models=base_models,
-                instance_id=self._instance_id("sampler"),
+                instance_id=self._instance_id("sampler"), max_full_models=settings.sampler_max_full_models,
             )  # fmt: skip
             self._loops.append(("sampler", self.sampler))
         if "audit" in self.roles:
@@ -102,7 +133,7 @@ class Node:
     def _instance_id(self, role: str) -> str:
         """Stable across restarts of this replica, so its successor takes over without a wait."""
         suffix = "-" + topics.model_slug(",".join(self.base_models)) if self.base_models else ""
-        return self.settings.instance_id or f"{role}-{socket.gethostname()}{suffix}"
+        return self.settings.instance_id or f"{role}-{socket_module.gethostname()}{suffix}"
 
     def start_workers(self) -> None:
         for thread in self._threads:
@@ -113,6 +144,10 @@ class Node:
         for thread in self._threads:
             if thread.ident is not None:  # a node stopped before it started has none to join
                 thread.join(timeout=30)
+        for client in self._clients:
+            client.close()
+        if self.timeslicer is not None:
+            self.timeslicer.stop()
         self.runtime.close()
 
     def serve_forever(self) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-from sqlalchemy import bindparam, delete, insert, select
+from sqlalchemy import bindparam, delete, insert, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
@@ -29,6 +29,7 @@ from openrl_core.events.lifecycle import BlobRef
 class Appended:
     stored: bool  # False: this event id was already in the store
     duplicate_of: Optional[str] = None  # the first request id, when a submission repeats
+    fenced: bool = False  # stored, but not applied: its lease was older than its key's fence
 
 
 # Built once with bind parameters: a statement built per event, values as literals, cost
@@ -37,6 +38,12 @@ _EVENT_INSERT = insert(t.events)
 _SUBMISSION_INSERT = insert(t.submissions)
 _SUBMISSION = select(t.submissions).where(
     t.submissions.c.tenant == bindparam("b_tenant"), t.submissions.c.dedup_key == bindparam("b_key")
+)
+_FENCE = select(t.lease_fences.c.lease_id).where(
+    t.lease_fences.c.tenant == bindparam("b_tenant"), t.lease_fences.c.key == bindparam("b_key")
+)
+_FENCE_UPDATE = update(t.lease_fences).where(
+    t.lease_fences.c.tenant == bindparam("b_tenant"), t.lease_fences.c.key == bindparam("b_key")
 )
 
 
@@ -71,7 +78,8 @@ class EventStore:
         try:
             with self.engine.begin() as conn:
                 for event, dedup in events:
-                    stored += self._write(conn, event, None, dedup) is None
+                    written = self._write(conn, event, None, dedup)
+                    stored += written is None or written.fenced
         except IntegrityError:
             return sum(self.append(event, dedup=dedup).stored for event, dedup in events)
         return stored
@@ -92,6 +100,7 @@ class EventStore:
                     rejected=dedup.rejected,
                 ),
             )
+        fenced = self._fenced(conn, event)
         data, claim = self.codec.pack(event)
         conn.execute(
             _EVENT_INSERT,
@@ -109,12 +118,34 @@ class EventStore:
                 dedup_key=dedup.key if dedup else None,
                 dedup_sha256=dedup.payload_sha256 if dedup else None,
                 dedup_rejected=dedup.rejected if dedup else None,
+                lease_id=event.lease,
+                fenced=True if fenced else None,
             ),
         )
+        if fenced:
+            return Appended(stored=True, fenced=True)
         projections.apply(conn, event)
         if outbox_topic is not None:
             conn.execute(insert(t.outbox).values(event_id=event.id, topic=outbox_topic))
         return None
+
+    def _fenced(self, conn, event: Event) -> bool:
+        """Fencing by lease: per (tenant, key), a training worker's events must carry
+        non-decreasing leases. One carrying a lower lease than one already applied comes
+        from a holder that lost its lease (paused past the deadline, replaced) and is
+        refused; otherwise the key's fence moves up to it. Deterministic in log order, so a
+        replay refuses exactly what the live store refused."""
+        if event.lease is None or event.key is None or event.family != "training":
+            return False
+        fence = conn.execute(_FENCE, {"b_tenant": event.tenant, "b_key": event.key}).scalar()
+        if fence is None:
+            conn.execute(insert(t.lease_fences).values(tenant=event.tenant, key=event.key, lease_id=event.lease))
+            return False
+        if event.lease < fence:
+            return True
+        if event.lease > fence:
+            conn.execute(_FENCE_UPDATE, {"b_tenant": event.tenant, "b_key": event.key, "lease_id": event.lease})
+        return False
 
     def _seen(self, conn, tenant: str, dedup: Dedup) -> bool:
         """True when this exact submission was made before; a conflicting one raises."""
@@ -183,6 +214,7 @@ class EventStore:
             tenant=row.tenant,
             key=row.key,
             subject=row.subject,
+            lease=row.lease_id,
             data=self.codec.unpack(row.tenant, row.type, row.data, claim),
         )
 

@@ -149,15 +149,16 @@ def _touch_run(conn: Connection, model_id: str, when: datetime, **values) -> Non
 def _insert_run(conn: Connection, event: Event, model_id: str, state: str = "creating") -> None:
     """A run's row from the request that makes it (create_model, load_weights, copy_weights)."""
     data = event.data
+    full = bool(getattr(data, "full_finetune", False))
     conn.execute(
         insert(t.training_runs).values(
             model_id=model_id,
             tenant=event.tenant,
             session_id=data.session_id,
             base_model=data.base_model,
-            is_lora=True,
-            lora_rank=data.lora_config.rank,
-            lora_config=data.lora_config.model_dump(),
+            is_lora=not full,
+            lora_rank=None if full else data.lora_config.rank,
+            lora_config=None if full or data.lora_config is None else data.lora_config.model_dump(),
             user_metadata=data.user_metadata,
             state=state,
             created_at=event.time,
@@ -241,6 +242,7 @@ def _insert_sampling_session(conn: Connection, event: Event, bound: SamplingSess
             base_model=bound.base_model,
             model_path=bound.model_path,
             adapter={name: ref.model_dump() for name, ref in bound.adapter.items()} if bound.adapter else None,
+            weights=bound.weights.model_dump() if bound.weights else None,
             created_at=event.time,
         )
     )
@@ -255,6 +257,7 @@ def _sampling_session_created(conn: Connection, event: Event) -> None:
         base_model=data.base_model,
         model_path=data.model_path,
         adapter=data.adapter,
+        weights=data.weights,
     )
     _insert_sampling_session(conn, event, bound, data.sampling_session_seq_id)
 

@@ -54,6 +54,11 @@ events = Table(
     Column("dedup_key", String(300)),
     Column("dedup_sha256", String(64)),
     Column("dedup_rejected", Boolean),
+    # The timeslicer lease a worker's event was produced under (its fencing token), and
+    # whether the store refused to apply it because a later lease of the same key had
+    # already been applied: a refused event is kept, for audit, and projects nothing.
+    Column("lease_id", BigInteger),
+    Column("fenced", Boolean),
     Index(None, "tenant", "type"),
     Index(None, "key"),
 )
@@ -157,8 +162,19 @@ sampling_sessions = Table(
     Column("base_model", String(300), nullable=False),
     Column("model_path", String(600)),
     Column("adapter", JSON),
+    Column("weights", JSON),  # a full run's: the manifest of its published weights
     Column("created_at", DateTime(timezone=True), nullable=False),
     Index(None, "tenant"),
+)
+
+# The highest lease each key's (model's) applied events carried: an event under a lower
+# lease comes from a holder that was fenced (paused, replaced) and is refused.
+lease_fences = Table(
+    "lease_fences",
+    metadata,
+    Column("tenant", String(64), primary_key=True),
+    Column("key", String(200), primary_key=True),
+    Column("lease_id", BigInteger, nullable=False),
 )
 
 api_keys = Table(

@@ -95,6 +95,22 @@ def load_causal_lm(files: ModelFiles, dtype=None, device: str = "cpu"):
     return model.to(device)
 
 
+def parameter_count(files: ModelFiles) -> int:
+    """Elements of the model's weights, read from the safetensors headers without loading them
+    (what a worker tells the timeslicer before it puts a copy on the device)."""
+    from safetensors import safe_open
+
+    total = 0
+    for path in sorted(Path(files.path).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as handle:
+            for key in handle.keys():
+                count = 1
+                for dim in handle.get_slice(key).get_shape():
+                    count *= int(dim)
+                total += count
+    return total
+
+
 def load_tokenizer(files: ModelFiles):
     from transformers import AutoTokenizer
 

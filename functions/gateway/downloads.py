@@ -127,7 +127,7 @@ async def save_weights_external(
         )
 
     return submit_sequenced(
-        ctx, tenant, model_id=run.model_id, base_model=run.base_model, seq_id=body.seq_id, body=raw, event_type=SAVE_WEIGHTS_EXTERNAL["requested"], build=build
+        ctx, tenant, run=run, seq_id=body.seq_id, body=raw, event_type=SAVE_WEIGHTS_EXTERNAL["requested"], build=build
     )
 
 

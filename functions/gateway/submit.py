@@ -26,28 +26,33 @@ def seq_dedup(model_id: str, seq_id: int, body: bytes) -> Dedup:
     return Dedup.of(f"seq:{model_id}:{seq_id}", body)
 
 
+def training_stream(full_finetune: bool) -> str:
+    """Full fine-tuning runs have topics of their own, so a trainer (or one per run) can
+    serve them apart from the shared-base LoRA trainer of the same base model."""
+    return "training-full" if full_finetune else "training"
+
+
 def submit_sequenced(
     ctx: GatewayContext,
     tenant: str,
     *,
-    model_id: str,
-    base_model: str,
+    run,
     seq_id: int,
     body: bytes,
     event_type: str,
     build: Callable[[str], Payload],
 ) -> UntypedAPIFuture:
-    """`build(request_id)` makes the payload; a UserError from it refuses the seq_id."""
+    """`build(request_id)` makes the payload; a UserError from it refuses the seq_id.
+    `run` is the model's training_runs row (its id, base model and kind route the event)."""
+    model_id, base_model, stream = run.model_id, run.base_model, training_stream(not run.is_lora)
     dedup = seq_dedup(model_id, seq_id, body)
     request_id = new_request_id()
     try:
         payload = build(request_id)
     except UserError as refused:
-        refuse(ctx, tenant, model_id, base_model, seq_id, dedup, refused.detail)
+        refuse(ctx, tenant, model_id, base_model, seq_id, dedup, refused.detail, stream)
         raise
-    return submit(
-        ctx, tenant, event_type, payload, stream="training", base_model=base_model, key=model_id, dedup=dedup, model_id=model_id
-    )
+    return submit(ctx, tenant, event_type, payload, stream=stream, base_model=base_model, key=model_id, dedup=dedup, model_id=model_id)
 
 
 def submit(
@@ -74,8 +79,10 @@ def submit(
     return UntypedAPIFuture(request_id=request_id, model_id=model_id, sample_sequence_ids=sample_sequence_ids)
 
 
-def refuse(ctx: GatewayContext, tenant: str, model_id: str, base_model: str, seq_id: int, dedup: Dedup, reason: str) -> None:
+def refuse(
+    ctx: GatewayContext, tenant: str, model_id: str, base_model: str, seq_id: int, dedup: Dedup, reason: str, stream: str = "training"
+) -> None:
     """Record the refusal under the submission's identity and tell the trainer to skip it."""
     skipped = SeqSkipped(model_id=model_id, seq_id=seq_id, reason=reason)
     event = new_event(SEQ_SKIPPED, skipped, tenant=tenant, source=SOURCE, key=model_id)
-    ctx.emit(event, topics.topic(tenant, "training", ctx.models.canonical(base_model)), dedup.refused())
+    ctx.emit(event, topics.topic(tenant, stream, ctx.models.canonical(base_model)), dedup.refused())

@@ -115,6 +115,11 @@ class SamplerEngine:
             eos.add(int(tokenizer.eos_token_id))
         self.eos_token_ids = frozenset(eos)
 
+    @property
+    def model(self) -> torch.nn.Module:
+        """The base model (its weights, not the adapters' PEFT wrapper)."""
+        return self._model if self._peft is None else self._peft.get_base_model()
+
     # ------------------------------------------------------------------ validation
 
     def validate(self, job: SampleJob) -> None:

@@ -3,7 +3,9 @@
 Each poll takes whatever requests are waiting (up to the batch's row budget), loads any
 adapter they name (cached by content hash, so publishing new weights is just a new key),
 checks each request on its own (a bad one fails alone), and runs the rest as one batched
-generation on the accelerator. Sampling requests have no order, so offsets are committed
+generation on the accelerator, in a turn of the timeslicer. Requests for a full
+fine-tuning run's weights run on that run's own copy (`full_runs`), brought to the
+published version by weight sync in its own turn; the copy is a parkable job. Sampling requests have no order, so offsets are committed
 as soon as their completions are on the log. A sample whose cancel arrives in the same
 poll as the request (the two share the sampling session's partition, cancel after request)
 is answered CANCELLED and never runs; one already taken into a batch runs to the end.
@@ -19,9 +21,12 @@ from typing import Optional
 from eventing import topics
 from eventing.blobs import BlobStore
 from eventing.bus import EventBus, EventPublisher
-from functions.compute.accelerator import AcceleratorTurns
-from functions.compute.models import ModelDirectory
+from functions.compute.models import ModelDirectory, parameter_count
+from functions.compute.weight_sync import read_manifest
+from functions.sampler.full_runs import FullRunCopies
 from functions.sampler.types import SampleJob, SampleResult
+from functions.timeslicer.client import TimeslicerClient
+from functions.timeslicer.setup import device_name, private
 from openrl_core.errors import OpenRLError
 from openrl_core.events import Event, new_event
 from openrl_core.events.lifecycle import RequestCompleted, RequestFailed
@@ -39,7 +44,7 @@ class SamplerWorker:
         publisher: EventPublisher,
         blobs: BlobStore,
         models: ModelDirectory,
-        turns: Optional[AcceleratorTurns] = None,
+        slicer: Optional[TimeslicerClient] = None,
         device: str = "cpu",
         max_batch_rows: int = 64,
         max_adapters: int = 16,
@@ -47,11 +52,16 @@ class SamplerWorker:
         group: str = "openrl-sampler",
         base_models: Optional[list[str]] = None,
         instance_id: Optional[str] = None,
+        max_full_models: int = 2,
     ) -> None:
         self.publisher = publisher
         self.blobs = blobs
         self.models = models
-        self.turns = turns or AcceleratorTurns()
+        self.instance = instance_id or group
+        self.slicer = slicer or private(self.instance)
+        self.slicer.on_park = self._park
+        self.slicer_device = device_name(device)
+        self._state = threading.Lock()  # sampling, parking and restoring of any copy
         self.device = device
         self.max_batch_rows = max_batch_rows
         self.max_adapters = max_adapters
@@ -61,6 +71,8 @@ class SamplerWorker:
         # Adapters loaded per base model, least recently used first. Every published version
         # of every tenant's weights is a new key, so without eviction memory only grows.
         self._adapters: dict[str, OrderedDict[str, None]] = defaultdict(OrderedDict)
+        self.full_runs = FullRunCopies(self._make_engine, max_full_models)
+        self._manifests: OrderedDict[str, dict] = OrderedDict()  # manifest sha256 -> parsed
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -107,12 +119,19 @@ class SamplerWorker:
     def engine(self, base_model: str):
         key = self.models.canonical(base_model)  # an alias shares its target's base weights
         if key not in self._engines:
-            from functions.sampler.engine import SamplerEngine
-
-            self._engines[key] = SamplerEngine(
-                self.models.files(base_model), device=self.device, max_batch_rows=self.max_batch_rows
-            )
+            engine = self._make_engine(self.models.files(base_model))
+            # The base weights (and the adapters on them) stay resident: this job never parks.
+            self.slicer.register(self._base_job(key), _nbytes(engine.model), self.slicer_device, parkable=False, resident=True)
+            self._engines[key] = engine
         return self._engines[key]
+
+    def _make_engine(self, files):
+        from functions.sampler.engine import SamplerEngine
+
+        return SamplerEngine(files, device=self.device, max_batch_rows=self.max_batch_rows)
+
+    def _base_job(self, canonical: str) -> str:
+        return f"sampler/{self.instance}/{canonical}"
 
     def _sample(self, base_model: str, events: list[Event]) -> None:
         try:
@@ -121,26 +140,77 @@ class SamplerWorker:
             for event in events:
                 self._fail(event, exc)
             return
-        jobs: list[tuple[Event, SampleJob]] = []
+        groups: dict[Optional[str], list[tuple[Event, SampleJob]]] = defaultdict(list)
+        manifests: dict[str, dict] = {}
         in_use: set[str] = set()
         for event in events:
             try:
+                run_key = None
+                if event.data.weights is not None:
+                    manifest = self._manifest(event)
+                    run_key = f"{event.tenant}:{manifest['run_id']}"
+                    manifests[run_key] = manifest  # the newest version asked in this batch wins
                 job = self._job(engine, base_model, event, in_use)
                 engine.validate(job)
-                jobs.append((event, job))
+                groups[run_key].append((event, job))
             except Exception as exc:
                 self._fail(event, exc)
-        if not jobs:
-            return
+        for run_key, jobs in groups.items():
+            if run_key is None:
+                self._run(self._base_job(self.models.canonical(base_model)), lambda: engine, jobs)
+            else:
+                self._run_full(base_model, run_key, manifests[run_key], jobs, keep=set(groups) - {None})
+
+    def _run(self, job_name: str, prepare, jobs: list[tuple[Event, SampleJob]]) -> None:
+        """One batched generation in a turn of `job_name`; `prepare()` gives the engine."""
         try:
-            with self.turns.turn():
-                results = engine.sample([job for _event, job in jobs])
+            with self.slicer.turn(job_name) as turn:
+                with self._state:
+                    engine = prepare()
+                    results = engine.sample([job for _event, job in jobs])
+                lease = turn.lease_id
         except Exception as exc:
             for event, _job in jobs:
                 self._fail(event, exc)
             return
         for (event, _job), result in zip(jobs, results):
-            self._complete(event, result)
+            self._complete(event, result, lease)
+
+    def _run_full(self, base_model: str, run_key: str, manifest: dict, jobs, keep: set[str]) -> None:
+        files = self.models.files(base_model)
+        job_name = f"sampler/{self.instance}/{run_key}"
+        if self.full_runs.get(run_key) is None:
+            for old in self.full_runs.evictable(keep):
+                self.full_runs.drop(old)
+                self.slicer.unregister(f"sampler/{self.instance}/{old}")
+            self.slicer.register(job_name, parameter_count(files) * 4, self.slicer_device, parkable=True, resident=False)
+
+        def prepare():
+            copy = self.full_runs.get(run_key) or self.full_runs.create(run_key, files, manifest["dtype"])
+            if copy.parked is not None:
+                seconds, nbytes = self.full_runs.restore(run_key)
+                self.slicer.report_restored(job_name, seconds, nbytes)
+            tenant = run_key.split(":", 1)[0]
+            self.full_runs.prepare(run_key, manifest, lambda ref: self.blobs.get(tenant, ref))
+            return copy.engine
+
+        self._run(job_name, prepare, jobs)
+
+    def _manifest(self, event: Event) -> dict:
+        ref = event.data.weights
+        manifest = self._manifests.get(ref.sha256)
+        if manifest is None:
+            manifest = read_manifest(self.blobs.get(event.tenant, ref))
+            self._manifests[ref.sha256] = manifest
+            while len(self._manifests) > 64:
+                self._manifests.popitem(last=False)
+        return manifest
+
+    def _park(self, job: str) -> tuple[float, int]:
+        """The timeslicer asks (park thread): move a full run's copy to host memory."""
+        run_key = job.split("/", 2)[2]
+        with self._state:
+            return self.full_runs.park(run_key)
 
     def _job(self, engine, base_model: str, event: Event, in_use: set[str]) -> SampleJob:
         data = event.data
@@ -175,7 +245,7 @@ class SamplerWorker:
                 engine.drop_adapter(key)
                 del loaded[key]
 
-    def _complete(self, event: Event, result: SampleResult) -> None:
+    def _complete(self, event: Event, result: SampleResult, lease: Optional[int] = None) -> None:
         payload = {
             "sequences": [
                 {"tokens": list(s.tokens), "logprobs": [float(x) for x in s.logprobs], "stop_reason": s.stop_reason}
@@ -186,7 +256,7 @@ class SamplerWorker:
             if result.topk_prompt_logprobs is not None
             else None,
         }
-        self._emit(event, SAMPLE["completed"], RequestCompleted(request_id=event.data.request_id, result=payload))
+        self._emit(event, SAMPLE["completed"], RequestCompleted(request_id=event.data.request_id, result=payload), lease)
 
     def _cancel(self, event: Event) -> None:
         """A cancel reached the log before this batch took its request: never run it.
@@ -204,6 +274,12 @@ class SamplerWorker:
             error, category = f"{type(exc).__name__}: {exc}", "server"
         self._emit(event, SAMPLE["failed"], RequestFailed(request_id=event.data.request_id, error=error, category=category))
 
-    def _emit(self, request: Event, type_: str, payload) -> None:
-        reply = new_event(type_, payload, tenant=request.tenant, source=SOURCE, key=request.key, subject=payload.request_id)
+    def _emit(self, request: Event, type_: str, payload, lease: Optional[int] = None) -> None:
+        reply = new_event(
+            type_, payload, tenant=request.tenant, source=SOURCE, key=request.key, subject=payload.request_id, lease=lease
+        )
         self.publisher.publish(topics.topic(request.tenant, "completions"), reply)
+
+
+def _nbytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())

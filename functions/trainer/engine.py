@@ -22,27 +22,21 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Optional
 
 import numpy as np
 import torch
 
+from functions.compute import parking
 from functions.compute.models import ModelFiles, load_causal_lm
-from functions.trainer import adapters, batching, optimizer
-from functions.trainer.losses import datum_loss
+from functions.trainer import adapters, batching, optimizer, passes
+from functions.trainer.passes import DEFAULT_MAX_PADDED_TOKENS, ForwardBackwardResult
 from openrl_core.datum import Datum, validate_batch
 from openrl_core.errors import Conflict, InvalidRequest, NotFound, ServerError
 from openrl_core.losses import resolve_config
 from openrl_core.params import AdamParams, LoraConfig
 
-# Bound on B * max(N) for one forward pass; larger batches run as consecutive microbatches.
-DEFAULT_MAX_PADDED_TOKENS = 8192
-
-
-@dataclass(frozen=True)
-class ForwardBackwardResult:
-    logprobs: list[np.ndarray]  # one per datum, float32, shaped like its target_tokens
-    metrics: dict[str, float]  # {"loss:sum": ...}
+__all__ = ["TrainerEngine", "ForwardBackwardResult", "DEFAULT_MAX_PADDED_TOKENS"]
 
 
 @dataclass
@@ -51,6 +45,7 @@ class _Adapter:
     lora: LoraConfig
     params: dict[str, torch.nn.Parameter]  # PEFT file key -> parameter
     adam: optimizer.AdamState
+    parked: Optional[parking.Parked] = None
 
 
 class TrainerEngine:
@@ -119,6 +114,51 @@ class TrainerEngine:
     def lora_config_of(self, files: Mapping[str, bytes]) -> LoraConfig:
         return adapters.lora_config_of(files)
 
+    # -- device memory: what a timeslicer needs to know, and parking -----------------------
+
+    def base_bytes(self) -> int:
+        """The frozen base weights, shared by every adapter and never parked."""
+        return parking.nbytes(p for name, p in self._base.named_parameters() if "lora_" not in name)
+
+    def adapter_bytes_estimate(self, lora: LoraConfig) -> int:
+        """An adapter's resident bytes before it exists: weights, gradients, Adam's two moments."""
+        wanted = set(adapters.target_modules(lora))
+        elements = 0
+        for name, module in self._base.named_modules():
+            if name.rsplit(".", 1)[-1] in wanted and hasattr(module, "in_features"):
+                elements += lora.rank * (module.in_features + module.out_features)
+        return elements * 4 * 4
+
+    def state_bytes(self, model_id: str) -> int:
+        adapter = self._require(model_id)
+        return 4 * parking.nbytes(adapter.params.values())
+
+    def park(self, model_id: str) -> tuple[float, int]:
+        """Move the adapter, its gradients and its optimizer state to host memory."""
+        adapter = self._require(model_id)
+        if adapter.parked is not None:
+            return 0.0, 0
+        adapter.parked = parking.park(self._slots(adapter))
+        return adapter.parked.seconds, adapter.parked.nbytes
+
+    def restore(self, model_id: str) -> tuple[float, int]:
+        adapter = self._require(model_id)
+        if adapter.parked is None:
+            return 0.0, 0
+        parked, adapter.parked = adapter.parked, None
+        return parking.restore(self._slots(adapter), parked), parked.nbytes
+
+    def is_parked(self, model_id: str) -> bool:
+        return self._require(model_id).parked is not None
+
+    @staticmethod
+    def _slots(adapter: _Adapter) -> list[parking.Slot]:
+        return (
+            parking.param_slots("w/", adapter.params)
+            + parking.dict_slots("m/", adapter.adam.exp_avg)
+            + parking.dict_slots("v/", adapter.adam.exp_avg_sq)
+        )
+
     # -- training -------------------------------------------------------------------------
 
     def forward_backward(
@@ -135,20 +175,9 @@ class TrainerEngine:
         validate_batch(batch, loss_fn, self._files.vocab_size)
         self._activate(adapter)
         decoder, lm_head = self._peft.get_decoder(), self._peft.get_output_embeddings()
-
-        logprobs: list[np.ndarray | None] = [None] * len(batch)
-        loss_sum = 0.0
-        for group in batching.microbatches(batch, self._max_padded_tokens, self._max_padding):
-            micro = [batch[i] for i in group]
-            with torch.set_grad_enabled(not forward_only):
-                logprobs_D = batching.target_logprobs(decoder, lm_head, micro)
-                loss = self._batch_loss(loss_fn, config, micro, logprobs_D)
-                if loss.requires_grad:
-                    loss.backward()
-            loss_sum += float(loss.detach())
-            for index, logprobs_S in zip(group, logprobs_D):
-                logprobs[index] = logprobs_S.detach().cpu().numpy().astype(np.float32, copy=False)
-        return ForwardBackwardResult(logprobs=logprobs, metrics={"loss:sum": loss_sum})
+        return passes.run(
+            decoder, lm_head, batch, loss_fn, config, forward_only, self._device, self._max_padded_tokens, self._max_padding
+        )
 
     def optim_step(self, model_id: str, params: AdamParams) -> dict[str, float]:
         """Apply the accumulated gradient with AdamW (see optimizer.py) and clear it."""
@@ -241,17 +270,3 @@ class TrainerEngine:
     def _clear_gradients(adapter: _Adapter) -> None:
         for p in adapter.params.values():
             p.grad = None
-
-    def _batch_loss(
-        self, loss_fn: str, config: dict[str, float], micro: list[Datum], logprobs_D: list[torch.Tensor]
-    ) -> torch.Tensor:
-        total = torch.zeros((), dtype=torch.float32, device=self._device)
-        for datum, logprobs_S in zip(micro, logprobs_D):
-            inputs = {
-                key: torch.from_numpy(np.asarray(value, dtype=np.float32)).to(self._device)
-                for key, value in datum.loss_fn_inputs.items()
-                if key != "target_tokens"
-            }
-            total = total + datum_loss(loss_fn, logprobs_S, inputs, config)
-        return total
-

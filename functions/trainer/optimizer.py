@@ -8,19 +8,22 @@ safetensors without pickle:
 
     g   <- g * min(1, clip / (||g|| + 1e-6))    only when grad_clip_norm > 0 (torch's rule)
     p   <- p * (1 - lr * weight_decay)          decoupled weight decay
-    m   <- beta1 * m + (1 - beta1) * g
+    m   <- beta1 * m + (1 - beta1) * g          as m.lerp_(g, 1 - beta1)
     v   <- beta2 * v + (1 - beta2) * g^2
     p   <- p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 
-||g|| is the global L2 norm over all of the adapter's gradients; the step reports it BEFORE
-clipping. A parameter without a gradient (nothing reached it since the last step) steps with
-a zero gradient, so all of an adapter's parameters share one step count.
+Each line is the tensor operation `torch.optim.AdamW` (single-tensor path, the CPU default)
+performs, in its order, so a step is bitwise torch's given the same gradients: full
+fine-tuning is tested that way against a plain torch loop.
+
+||g|| is the global L2 norm over all of the parameters' gradients; the step reports it
+BEFORE clipping. A parameter without a gradient (nothing reached it since the last step)
+steps with a zero gradient, so all of a model's parameters share one step count.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -73,13 +76,13 @@ def adamw_step(params: Mapping[str, torch.nn.Parameter], state: AdamState, hp: A
 
     state.step += 1
     bias_correction1 = 1.0 - hp.beta1**state.step
-    bias_correction2_sqrt = math.sqrt(1.0 - hp.beta2**state.step)
+    bias_correction2_sqrt = (1.0 - hp.beta2**state.step) ** 0.5  # torch's expression, not math.sqrt
     step_size = hp.learning_rate / bias_correction1
     for name in sorted(params):
         p, g = params[name], grads[name]
         m, v = state.exp_avg[name], state.exp_avg_sq[name]
         p.mul_(1.0 - hp.learning_rate * hp.weight_decay)
-        m.mul_(hp.beta1).add_(g, alpha=1.0 - hp.beta1)
+        m.lerp_(g, 1.0 - hp.beta1)
         v.mul_(hp.beta2).addcmul_(g, g, value=1.0 - hp.beta2)
         denominator = (v.sqrt() / bias_correction2_sqrt).add_(hp.eps)
         p.addcdiv_(m, denominator, value=-step_size)

@@ -40,6 +40,7 @@ class ModelSlot:
     pending_seq: Optional[int] = None  # seq_id of the optim_step a snapshot in flight covers
     since_pending: list[Position] = field(default_factory=list)
     steps_since_snapshot: int = 0
+    full: bool = False  # a full fine-tuning run (its own weights), not a LoRA adapter
 
     def applied(self, where: Position) -> None:
         if self.anchor is None:
@@ -65,6 +66,7 @@ class Recovery:
             session_id=slot.session_id,
             base_model=slot.base_model,
             lora_config=slot.lora_config or LoraConfig(rank=1),
+            full_finetune=slot.full,
             next_seq=seq_id + 1,
             encode=copy_state(model_id),  # the copy happens here, on the training thread
         )

@@ -38,6 +38,7 @@ class SnapshotJob:
     lora_config: LoraConfig
     next_seq: int
     encode: Callable[[], dict[str, bytes]]
+    full_finetune: bool = False
 
 
 class SnapshotStore:
@@ -117,6 +118,7 @@ class Snapshotter:
                     session_id=job.session_id,
                     base_model=job.base_model,
                     lora_config=job.lora_config,
+                    full_finetune=job.full_finetune,
                     next_seq=job.next_seq,
                     files=files,
                     taken_at=datetime.now(timezone.utc),

@@ -1,16 +1,25 @@
-"""The trainer worker: consumes every tenant's training topic and applies it to the engine.
+"""The trainer worker: consumes every tenant's training topics and applies them to the engines.
 
 Three verbs per loop: poll the log, order each model's requests through its `SeqGate`,
 execute what is ready on the accelerator and emit one completion (or failure) per request.
-A model's state (adapter, gradients, optimizer) lives in the engine; the worker keeps only
-its gate. A request that fails answers its own future with `{error, category}` and never
-fails its neighbours. Offsets are committed up to the oldest record still held by a gate.
+A model's state (LoRA adapter on the shared base, or a full run's own weights; gradients;
+optimizer) lives in an engine; the worker keeps its gate. A request that fails answers its
+own future with `{error, category}` and never fails its neighbours. Offsets are committed
+up to the oldest record still held by a gate.
+
+The accelerator is shared through the node's timeslicer: every model is a job, registered
+with the bytes it keeps resident; each request runs inside a turn of its model's job, on a
+model restored first if it was parked. The work's completion carries the lease it ran under
+(`Turn.confirm`), so the event store refuses it if that lease was fenced meanwhile. The
+timeslicer's park requests arrive on another thread and take the same state lock as the
+compute, so a model is never moved while it is being used.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable, Optional
 
@@ -19,8 +28,10 @@ from eventing.blobs import BlobStore
 from eventing.bus import EventBus, EventPublisher, Record
 from eventing.offsets import OffsetTracker
 from eventing.store.projections import expiry
-from functions.compute.accelerator import AcceleratorTurns
 from functions.compute.models import ModelDirectory
+from functions.compute.weight_sync import MANIFEST
+from functions.timeslicer.client import Fenced, TimeslicerClient
+from functions.timeslicer.setup import device_name, private
 from functions.trainer.recovery import ModelSlot, Recovery, position
 from functions.trainer.snapshots import SnapshotStore
 from openrl_core.datum import validate_batch
@@ -35,6 +46,22 @@ from openrl_core.tensors import Array
 
 log = logging.getLogger(__name__)
 SOURCE = "/openrl/trainer"
+KINDS = ("lora", "full")
+
+
+@dataclass(frozen=True)
+class TrainerOptions:
+    """How one trainer serves: which runs, and how full runs publish to samplers."""
+
+    kinds: tuple[str, ...] = KINDS  # lora: the shared-base adapters; full: full fine-tuning runs
+    only_model: Optional[str] = None  # serve one run only (a per-run StatefulSet)
+    serving_dtype: str = "bfloat16"
+    delta_full_every: int = 20
+    delta_max_share: float = 0.5
+
+
+def job_of(model_id: str) -> str:
+    return f"train/{model_id}"
 
 
 class TrainerWorker:
@@ -44,25 +71,34 @@ class TrainerWorker:
         publisher: EventPublisher,
         blobs: BlobStore,
         models: ModelDirectory,
-        turns: Optional[AcceleratorTurns] = None,
+        slicer: Optional[TimeslicerClient] = None,
         device: str = "cpu",
         group: str = "openrl-trainer",
         base_models: Optional[list[str]] = None,
         snapshots: Optional[SnapshotStore] = None,
         snapshot_every_steps: int = 0,
         instance_id: Optional[str] = None,
+        options: TrainerOptions = TrainerOptions(),
     ) -> None:
         self.publisher = publisher
         self.blobs = blobs
         self.models = models
-        self.turns = turns or AcceleratorTurns()
         self.device = device
+        self.options = options
+        self.instance = instance_id or group
+        self.slicer = slicer or private(self.instance)
+        self.slicer.on_park = self._park
+        self.slicer_device = device_name(device)
+        streams = [{"lora": "training", "full": "training-full"}[kind] for kind in options.kinds]
+        pattern = "|".join(f"(?:{topics.pattern(stream, base_models)})" for stream in streams)
         # One trainer may serve every base model (embedded) or only some (one per GPU pool).
-        self.consumer = bus.consumer(group, pattern=topics.pattern("training", base_models), instance_id=instance_id)
+        self.consumer = bus.consumer(group, pattern=pattern, instance_id=instance_id)
         self.offsets = OffsetTracker()
         self.slots: dict[str, ModelSlot] = {}
         self.recovery = Recovery(snapshots, snapshot_every_steps)
-        self._engines: dict = {}
+        self._lora: dict = {}
+        self._full: dict = {}
+        self._state = threading.Lock()  # compute, parking and restoring of any model
         self._handlers: dict[str, Callable[[Event], dict]] = {
             te.FORWARD_BACKWARD["requested"]: self._forward_backward,
             te.OPTIM_STEP["requested"]: self._optim_step,
@@ -105,25 +141,27 @@ class TrainerWorker:
         except Exception:
             log.exception("trainer: undecodable record %s/%s@%s skipped", record.topic, record.partition, record.offset)
             return
-        if event.type in (te.CREATE_MODEL["requested"],) or (
-            event.type == te.LOAD_WEIGHTS["requested"] and event.data.seq_id is None
-        ):
-            self._execute(event, self._create)
-            slot = self.slots.get(event.data.model_id)
+        model_id = getattr(event.data, "model_id", None)
+        if self.options.only_model is not None and model_id != self.options.only_model:
+            return  # another run's trainer serves it
+        full = record.topic.split(".")[2] == "training-full"
+        if event.type == te.CREATE_MODEL["requested"] or (event.type == te.LOAD_WEIGHTS["requested"] and event.data.seq_id is None):
+            self._execute(event, self._create, model_id, create=(full, event.data.base_model, event.data.lora_config))
+            slot = self.slots.get(model_id)
             if slot is not None and slot.anchor is None and slot.gate.next_seq == 1:
                 slot.anchor = position(record)  # no snapshot yet: recovery starts at creation
             return
         if event.type == te.SEQ_SKIPPED:
-            slot = self.slots.get(event.data.model_id)
+            slot = self.slots.get(model_id)
             if slot is not None:
                 self._run_ready(slot.gate.skip(event.data.seq_id))
             return
         handler = self._handlers.get(event.type)
         if handler is None:
             return
-        slot = self.slots.get(event.data.model_id) or self._restore(event.tenant, event.data.model_id)
+        slot = self.slots.get(model_id) or self._restore(event.tenant, model_id)
         if slot is None:
-            self._fail(event, NotFound(f"model {event.data.model_id!r} is not loaded on this trainer"))
+            self._fail(event, NotFound(f"model {model_id!r} is not loaded on this trainer"))
             return
         offer = slot.gate.offer(event.data.seq_id, (record, event))
         if offer.duplicate:
@@ -135,24 +173,39 @@ class TrainerWorker:
     def _run_ready(self, ready: list) -> None:
         for seq_id, (record, event) in ready:
             self.offsets.release(record.topic, record.partition, record.offset)
-            slot = self.slots[event.data.model_id]
+            model_id = event.data.model_id
+            slot = self.slots[model_id]
             slot.applied(position(record))
-            done = self._execute(event, self._handlers[event.type])
-            if done and event.type == te.OPTIM_STEP["requested"]:
-                # A clean point (no gradients pending): the one place a snapshot may be taken.
-                engine = self.engine(slot.base_model)
-                with self.turns.turn():
-                    self.recovery.after_optim_step(event.data.model_id, slot, seq_id, engine.copy_state)
+            after = None
+            if event.type == te.OPTIM_STEP["requested"]:
+                # A clean point (no gradients pending): the one place a snapshot may be taken,
+                # in the same turn, before anything later runs.
+                def after(slot=slot, seq_id=seq_id, model_id=model_id):
+                    self.recovery.after_optim_step(model_id, slot, seq_id, self._engine(slot).copy_state)
 
-    def _execute(self, event: Event, handler: Callable[[Event], dict]) -> bool:
+            self._execute(event, self._handlers[event.type], model_id, after=after)
+
+    def _execute(self, event: Event, handler: Callable[[Event], dict], model_id: str, after=None, create=None) -> bool:
+        """Run one request in a turn of its model's job; emit its completion or failure."""
         try:
-            with self.turns.turn():
-                outcome = handler(event)
+            if create is not None and not self.slicer.registered(job_of(model_id)):
+                self._register(model_id, *create)
+            with self.slicer.turn(job_of(model_id)) as turn:
+                with self._state:
+                    self._ensure_resident(model_id, turn)
+                    outcome = handler(event)
+                    if after is not None:
+                        after()
+                lease = turn.confirm()  # outside the state lock: it may wait for a new turn
+        except Fenced as fenced:
+            log.error("trainer: %s was taken over by another worker (%s); dropping it here", model_id, fenced.detail)
+            self._forget(model_id)
+            return False
         except Exception as exc:  # one request's failure is reported on its own future
             self._fail(event, exc)
             return False
         payload = RequestCompleted(request_id=event.data.request_id, **outcome)
-        self._emit(event, "completed", payload)
+        self._emit(event, "completed", payload, lease)
         return True
 
     def _fail(self, event: Event, exc: Exception) -> None:
@@ -163,34 +216,107 @@ class TrainerWorker:
             error, category = f"{type(exc).__name__}: {exc}", "server"
         self._emit(event, "failed", RequestFailed(request_id=event.data.request_id, error=error, category=category))
 
-    def _emit(self, request: Event, phase: str, payload) -> None:
+    def _emit(self, request: Event, phase: str, payload, lease: Optional[int] = None) -> None:
         type_ = event_type(request.family, request.verb, phase)
-        reply = new_event(type_, payload, tenant=request.tenant, source=SOURCE, key=request.key, subject=payload.request_id)
+        reply = new_event(
+            type_, payload, tenant=request.tenant, source=SOURCE, key=request.key, subject=payload.request_id, lease=lease
+        )
         self.publisher.publish(topics.topic(request.tenant, "completions"), reply)
 
-    # -- verbs ---------------------------------------------------------------------------
+    # -- engines and the timeslicer -------------------------------------------------------
 
     def engine(self, base_model: str):
-        key = self.models.canonical(base_model)  # an alias shares its target's base weights
-        if key not in self._engines:
+        """The LoRA engine of a base model (an alias shares its target's base weights)."""
+        key = self.models.canonical(base_model)
+        if key not in self._lora:
             from functions.trainer.engine import TrainerEngine
 
-            self._engines[key] = TrainerEngine(self.models.files(base_model), device=self.device)
-        return self._engines[key]
+            engine = TrainerEngine(self.models.files(base_model), device=self.device)
+            # The frozen base is resident for as long as this worker lives: it never parks.
+            self.slicer.register(f"trainer-base/{self.instance}/{key}", engine.base_bytes(), self.slicer_device, parkable=False, resident=True)
+            self._lora[key] = engine
+        return self._lora[key]
+
+    def full_engine(self, base_model: str):
+        key = self.models.canonical(base_model)
+        if key not in self._full:
+            from functions.trainer.full import FullFinetuneEngine
+
+            self._full[key] = FullFinetuneEngine(
+                self.models.files(base_model), device=self.device, serving_dtype=self.options.serving_dtype,
+                full_every=self.options.delta_full_every, max_share=self.options.delta_max_share,
+            )  # fmt: skip
+        return self._full[key]
+
+    def _engine(self, slot: ModelSlot):
+        return self.full_engine(slot.base_model) if slot.full else self.engine(slot.base_model)
+
+    def _register(self, model_id: str, full: bool, base_model: str, lora=None) -> None:
+        if full:
+            nbytes = self.full_engine(base_model).state_bytes_estimate()
+        else:
+            from openrl_core.params import LoraConfig
+
+            nbytes = self.engine(base_model).adapter_bytes_estimate(lora or LoraConfig(rank=32))
+        self.slicer.register(job_of(model_id), nbytes, self.slicer_device, parkable=True, resident=False)
+
+    def _ensure_resident(self, model_id: str, turn) -> None:
+        slot = self.slots.get(model_id)
+        if slot is None:
+            return  # being created: nothing to restore
+        engine = self._engine(slot)
+        if engine.is_parked(model_id):
+            seconds, nbytes = engine.restore(model_id)
+            self.slicer.report_restored(job_of(model_id), seconds, nbytes)
+
+    def _park(self, job: str) -> tuple[float, int]:
+        """The timeslicer asks: move this model's state to host memory (park thread)."""
+        model_id = job.split("/", 1)[1]
+        with self._state:
+            slot = self.slots.get(model_id)
+            if slot is None:
+                return 0.0, 0
+            seconds, nbytes = self._engine(slot).park(model_id)
+        log.info("trainer: parked %s (%.1f MB in %.3f s)", model_id, nbytes / 1e6, seconds)
+        return seconds, nbytes
+
+    def _forget(self, model_id: str) -> None:
+        slot = self.slots.pop(model_id, None)
+        if slot is None:
+            return
+        engine = self._engine(slot)
+        if slot.full:
+            engine.drop(model_id)
+        elif engine.has_adapter(model_id):
+            engine.drop_adapter(model_id)
+
+    # -- verbs ---------------------------------------------------------------------------
 
     def _restore(self, tenant: str, model_id: str, locked: bool = False) -> Optional[ModelSlot]:
         """Rebuild a model this trainer does not hold from its latest snapshot, if it has one."""
         snapshot = self.recovery.latest(tenant, model_id)
         if snapshot is None:
             return None
-        engine = self.engine(snapshot.base_model)
+        full = bool(snapshot.full_finetune)
         files = self.recovery.files(tenant, snapshot)
+
+        def load():
+            if full:
+                self.full_engine(snapshot.base_model).import_state(model_id, files, with_optimizer=True)
+            else:
+                self.engine(snapshot.base_model).import_state(model_id, files, with_optimizer=True)
+
         if locked:
-            engine.import_state(model_id, files, with_optimizer=True)
+            load()
         else:
-            with self.turns.turn():
-                engine.import_state(model_id, files, with_optimizer=True)
-        slot = ModelSlot(tenant, snapshot.base_model, snapshot.session_id, snapshot.lora_config, gate=SeqGate(snapshot.next_seq))
+            if not self.slicer.registered(job_of(model_id)):
+                self._register(model_id, full, snapshot.base_model, snapshot.lora_config)
+            with self.slicer.turn(job_of(model_id)):
+                with self._state:
+                    load()
+        slot = ModelSlot(
+            tenant, snapshot.base_model, snapshot.session_id, snapshot.lora_config, gate=SeqGate(snapshot.next_seq), full=full
+        )
         self.slots[model_id] = slot
         log.info("trainer: restored %s from its snapshot at seq %d", model_id, snapshot.next_seq - 1)
         return slot
@@ -203,12 +329,24 @@ class TrainerWorker:
 
     def _create(self, event: Event) -> dict:
         data = event.data
-        engine = self.engine(data.base_model)
+        full = bool(data.full_finetune)
         if data.model_id not in self.slots and self._restore(event.tenant, data.model_id, locked=True) is None:
-            engine.create_adapter(data.model_id, data.lora_config)
+            if full:
+                engine = self.full_engine(data.base_model)
+                engine.create(data.model_id)
+            else:
+                engine = self.engine(data.base_model)
+                engine.create_adapter(data.model_id, data.lora_config)
             if isinstance(data, te.LoadWeightsRequested):
-                engine.import_state(data.model_id, self._read(event.tenant, data.files), data.with_optimizer)
-            self.slots[data.model_id] = ModelSlot(event.tenant, data.base_model, data.session_id, data.lora_config)
+                try:
+                    engine.import_state(data.model_id, self._read(event.tenant, data.files), data.with_optimizer)
+                except OpenRLError:
+                    if full:
+                        engine.drop(data.model_id)
+                    else:
+                        engine.drop_adapter(data.model_id)
+                    raise
+            self.slots[data.model_id] = ModelSlot(event.tenant, data.base_model, data.session_id, data.lora_config, full=full)
         if isinstance(data, te.LoadWeightsRequested):
             return {"result": {"path": data.path, "model_id": data.model_id, "type": "load_weights"}}
         return {"result": {"model_id": data.model_id, "type": "create_model"}}
@@ -219,45 +357,60 @@ class TrainerWorker:
         files = self.models.files(slot.base_model)
         batch = [record.to_datum() for record in data.data]
         validate_batch(batch, data.loss_fn, files.vocab_size, files.max_context)
-        output = self.engine(slot.base_model).forward_backward(
-            data.model_id, batch, data.loss_fn, data.loss_fn_config, data.forward_only
-        )
+        output = self._engine(slot).forward_backward(data.model_id, batch, data.loss_fn, data.loss_fn_config, data.forward_only)
         outputs = [{"logprobs": Array.from_numpy(lp).model_dump()} for lp in output.logprobs]
         return {"result": {"loss_fn_output_type": "ArrayRecord", "loss_fn_outputs": outputs, "metrics": output.metrics}}
 
     def _optim_step(self, event: Event) -> dict:
         slot = self._slot(event)
-        metrics = self.engine(slot.base_model).optim_step(event.data.model_id, event.data.adam_params)
+        metrics = self._engine(slot).optim_step(event.data.model_id, event.data.adam_params)
         return {"result": {"metrics": metrics}}
 
     def _save_weights(self, event: Event) -> dict:
         data = event.data
         slot = self._slot(event)
-        files = self._write(event.tenant, self.engine(slot.base_model).export_state(data.model_id))
+        files = self._write(event.tenant, self._engine(slot).export_state(data.model_id))
         checkpoint = _checkpoint(data, "weights", files, user_metadata=data.user_metadata)
         return {"result": {"path": checkpoint.tinker_path, "type": "save_weights"}, "checkpoint": checkpoint}
 
     def _save_for_sampler(self, event: Event) -> dict:
         data = event.data
         slot = self._slot(event)
-        files = self._write(event.tenant, self.engine(slot.base_model).export_adapter(data.model_id))
+        adapter = weights = None
+        details = None
+        if slot.full:
+            publication = self.full_engine(slot.base_model).publish(
+                data.model_id, data.seq_id, lambda content: self.blobs.put(event.tenant, content)
+            )
+            weights = publication.manifest
+            files = {MANIFEST: weights, **{f"chain/{i:03d}": ref for i, ref in enumerate(publication.chain)}}
+            details = {"publication": {k: v for k, v in publication.__dict__.items() if k not in ("manifest", "chain")}}
+            log.info("trainer: %s published version %d as %s (%s): %d of %d elements changed, %d bytes",
+                     data.model_id, data.seq_id, publication.kind, publication.reason, publication.changed,
+                     publication.elements, publication.file_bytes)  # fmt: skip
+        else:
+            files = adapter = self._write(event.tenant, self.engine(slot.base_model).export_adapter(data.model_id))
         if data.name is not None:
             checkpoint = _checkpoint(data, "sampler_weights", files, user_metadata=data.user_metadata)
-            return {"result": {"path": checkpoint.tinker_path, "type": "save_weights_for_sampler"}, "checkpoint": checkpoint}
+            result = {"path": checkpoint.tinker_path, "type": "save_weights_for_sampler"}
+            return {"result": result, "checkpoint": checkpoint, "details": details}
         bound = SamplingSessionBound(
             sampling_session_id=data.sampling_session_id,
             session_id=slot.session_id,
             base_model=slot.base_model,
-            adapter=files,
+            adapter=adapter,
+            weights=weights,
         )
         result = {"sampling_session_id": data.sampling_session_id, "type": "save_weights_for_sampler"}
-        return {"result": result, "sampling_session": bound}
+        return {"result": result, "sampling_session": bound, "details": details}
 
     def _save_external(self, event: Event) -> dict:
-        """The adapter as plain PEFT files (adapter_model.safetensors + adapter_config.json), for download."""
+        """LoRA: plain PEFT files; full: a Hugging Face model directory. For download."""
         data = event.data
         slot = self._slot(event)
-        files = self._write(event.tenant, self.engine(slot.base_model).export_adapter(data.model_id))
+        engine = self._engine(slot)
+        exported = engine.export_external(data.model_id) if slot.full else engine.export_adapter(data.model_id)
+        files = self._write(event.tenant, exported)
         checkpoint = _checkpoint(data, "external_weights", files)
         result = {"path": checkpoint.tinker_path, "size_bytes": checkpoint.size_bytes, "type": "save_weights_external"}
         return {"result": result, "checkpoint": checkpoint}
@@ -265,7 +418,7 @@ class TrainerWorker:
     def _load_in_place(self, event: Event) -> dict:
         data = event.data
         slot = self._slot(event)
-        self.engine(slot.base_model).import_state(data.model_id, self._read(event.tenant, data.files), data.with_optimizer)
+        self._engine(slot).import_state(data.model_id, self._read(event.tenant, data.files), data.with_optimizer)
         return {"result": {"path": data.path, "model_id": data.model_id, "type": "load_weights"}}
 
     def _write(self, tenant: str, files: dict[str, bytes]):

@@ -1,8 +1,9 @@
 """The event envelope and the registry that maps an event type to its payload model.
 
 An `Event` is what every component exchanges: CloudEvents attributes (`id`, `type`,
-`source`, `subject`, `time`) plus the OpenRL extensions `tenant` and `key` (the partition
-key: a model id keeps one model's events in order). Payloads are frozen pydantic models;
+`source`, `subject`, `time`) plus the OpenRL extensions `tenant`, `key` (the partition
+key: a model id keeps one model's events in order) and `lease` (the timeslicer lease a
+worker's event was produced under). Payloads are frozen pydantic models;
 the registry is the single place that says which payload a type carries, so the codec and
 the store can rebuild typed events from bytes.
 """
@@ -35,6 +36,8 @@ class Event(BaseModel):
     tenant: str
     key: Optional[str] = None
     subject: Optional[str] = None
+    # The timeslicer lease the worker held when it produced this event (a fencing token).
+    lease: Optional[int] = None
     data: BaseModel
 
     @property
@@ -81,6 +84,7 @@ def new_event(
     source: str,
     key: Optional[str] = None,
     subject: Optional[str] = None,
+    lease: Optional[int] = None,
 ) -> Event:
     expected = payload_model(type_)
     if not isinstance(data, expected):
@@ -93,5 +97,6 @@ def new_event(
         tenant=tenant,
         key=key,
         subject=subject,
+        lease=lease,
         data=data,
     )

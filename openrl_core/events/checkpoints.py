@@ -56,7 +56,8 @@ class CheckpointCopied(Payload):
     checkpoint: CheckpointSaved
     session_id: str
     base_model: str
-    lora_config: LoraConfig
+    lora_config: Optional[LoraConfig] = None  # None for a full fine-tuning run
+    full_finetune: bool = False
     user_metadata: Optional[dict[str, Any]] = None
     destination: Literal["session", "project"]
     new_session_project_id: Optional[str] = None

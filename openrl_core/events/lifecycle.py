@@ -53,6 +53,8 @@ class SamplingSessionBound(Payload):
     base_model: str
     model_path: Optional[str] = None
     adapter: Optional[dict[str, BlobRef]] = None
+    # A full fine-tuning run's weights: the manifest of their publication chain.
+    weights: Optional[BlobRef] = None
 
 
 class RequestStarted(Payload):
@@ -64,6 +66,9 @@ class RequestCompleted(Payload):
     result: dict[str, Any]
     checkpoint: Optional[CheckpointSaved] = None
     sampling_session: Optional[SamplingSessionBound] = None
+    # What the worker reports beside the wire result (kept in the event, not in the future),
+    # e.g. how a full run's sampler weights were published.
+    details: Optional[dict[str, Any]] = None
 
 
 class RequestFailed(Payload):

@@ -19,7 +19,8 @@ class SnapshotTaken(Payload):
     model_id: str
     session_id: str
     base_model: str
-    lora_config: LoraConfig
+    lora_config: LoraConfig  # a placeholder for full fine-tuning runs
+    full_finetune: bool = False
     next_seq: int  # the first seq_id not reflected in the snapshot
     files: dict[str, BlobRef]
     taken_at: datetime

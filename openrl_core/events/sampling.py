@@ -20,6 +20,7 @@ class SamplingSessionCreated(Payload):
     base_model: str
     model_path: Optional[str] = None
     adapter: Optional[dict[str, BlobRef]] = None
+    weights: Optional[BlobRef] = None  # a full run's published weights (their manifest)
 
 
 class SampleRequested(Payload):
@@ -30,6 +31,8 @@ class SampleRequested(Payload):
     # The adapter's files, resolved by the gateway from the session, so a sampler needs no
     # database: it loads (and caches by content hash) whatever the event names.
     adapter: Optional[dict[str, BlobRef]] = None
+    # A full fine-tuning run's weights instead: the manifest of their publication chain.
+    weights: Optional[BlobRef] = None
     prompt_tokens: list[int]
     num_samples: int = Field(ge=1)
     sampling_params: SamplingParams

@@ -27,6 +27,8 @@ class CreateModelRequested(Payload):
     lora_config: LoraConfig
     user_metadata: Optional[dict[str, Any]] = None
     optimizer_config: dict[str, Any] = Field(default_factory=lambda: {"type": "adamw"})
+    # Every weight trains (its own float32 copy); lora_config is then only what the SDK sent.
+    full_finetune: bool = False
 
 
 class ForwardBackwardRequested(Payload):
@@ -91,6 +93,7 @@ class LoadWeightsRequested(Payload):
     base_model: Optional[str] = None
     lora_config: Optional[LoraConfig] = None
     user_metadata: Optional[dict[str, Any]] = None
+    full_finetune: bool = False
 
 
 class SeqSkipped(Payload):

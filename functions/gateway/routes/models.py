@@ -9,9 +9,10 @@ from fastapi import APIRouter, Depends, Request
 from eventing.store.event_store import Dedup
 from functions.gateway.context import GatewayContext
 from functions.gateway.deps import get_ctx, get_tenant, read_body, require_run, require_session
-from functions.gateway.submit import submit, submit_sequenced
+from functions.gateway.submit import submit, submit_sequenced, training_stream
 from openrl_core.errors import InvalidRequest, NotFound
 from openrl_core.events.lifecycle import BlobRef
+from openrl_core.finetune import FULL_FINETUNE_KEY, check_full_finetune_config, is_full_finetune
 from openrl_core.events.training import CREATE_MODEL, LOAD_WEIGHTS, CreateModelRequested, LoadWeightsRequested
 from openrl_core.ids import TinkerPath, model_id_for, new_request_id
 from openrl_core.params import LoraConfig
@@ -34,8 +35,13 @@ async def create_model(request: Request, ctx: GatewayContext = Depends(get_ctx),
     body = CreateModelRequest.model_validate_json(raw)
     require_session(ctx, tenant, body.session_id)
     ctx.models.catalog.resolve(body.base_model)
-    if body.lora_config is None:
-        raise InvalidRequest("lora_config is required: this server trains LoRA adapters")
+    full = is_full_finetune(body.base_model, body.user_metadata, ctx.settings.full_finetune_models)
+    if full:
+        check_full_finetune_config(body.lora_config)
+    elif body.lora_config is None:
+        raise InvalidRequest(
+            f"lora_config is required for a LoRA run (for full fine-tuning set user_metadata {{{FULL_FINETUNE_KEY!r}: 'true'}})"
+        )
     model_id = model_id_for(body.session_id, body.model_seq_id)
     payload = CreateModelRequested(
         request_id=new_request_id(),
@@ -46,10 +52,11 @@ async def create_model(request: Request, ctx: GatewayContext = Depends(get_ctx),
         lora_config=body.lora_config,
         user_metadata=body.user_metadata,
         optimizer_config=_check_optimizer(body.optimizer_config),
+        full_finetune=full,
     )
     dedup = Dedup.of(f"model:{body.session_id}:{body.model_seq_id}", raw)
     return submit(
-        ctx, tenant, CREATE_MODEL["requested"], payload, stream="training", base_model=body.base_model, key=model_id, dedup=dedup, model_id=model_id
+        ctx, tenant, CREATE_MODEL["requested"], payload, stream=training_stream(full), base_model=body.base_model, key=model_id, dedup=dedup, model_id=model_id
     )
 
 
@@ -60,8 +67,8 @@ def get_info(body: GetInfoRequest, ctx: GatewayContext = Depends(get_ctx), tenan
     return GetInfoResponse(
         model_data=ModelData(arch=files.arch, model_name=run.base_model, tokenizer_id=str(files.tokenizer_dir)),
         model_id=run.model_id,
-        is_lora=run.is_lora,
-        lora_rank=run.lora_rank,
+        is_lora=bool(run.is_lora),
+        lora_rank=run.lora_rank if run.is_lora else None,
         model_name=run.base_model,
     )
 
@@ -94,13 +101,22 @@ async def load_weights(request: Request, ctx: GatewayContext = Depends(get_ctx),
         _check_loadable(parsed, body.optimizer)
         if source_run.base_model != run.base_model:
             raise InvalidRequest(f"checkpoint is for {source_run.base_model!r}, this model is {run.base_model!r}")
+        _check_same_kind(source_run, run)
         return LoadWeightsRequested(
             request_id=request_id, model_id=run.model_id, seq_id=body.seq_id, path=body.path, files=files, with_optimizer=body.optimizer
         )
 
     return submit_sequenced(
-        ctx, tenant, model_id=run.model_id, base_model=run.base_model, seq_id=body.seq_id, body=raw, event_type=LOAD_WEIGHTS["requested"], build=build
+        ctx, tenant, run=run, seq_id=body.seq_id, body=raw, event_type=LOAD_WEIGHTS["requested"], build=build
     )
+
+
+def _check_same_kind(source_run, run) -> None:
+    if bool(source_run.is_lora) != bool(run.is_lora):
+        kinds = {True: "a LoRA adapter", False: "a full fine-tuning run"}
+        raise InvalidRequest(
+            f"the checkpoint holds {kinds[bool(source_run.is_lora)]}'s weights; model {run.model_id!r} is {kinds[bool(run.is_lora)]}"
+        )
 
 
 def _check_loadable(parsed: TinkerPath, with_optimizer: bool) -> None:
@@ -118,6 +134,7 @@ def _create_via_load(ctx: GatewayContext, tenant: str, body: LoadWeightsRequest,
     if base_model != source_run.base_model:
         raise InvalidRequest(f"checkpoint {body.path!r} was trained on {source_run.base_model!r}, not {base_model!r}")
     model_id = model_id_for(body.session_id, body.model_seq_id)
+    full = not source_run.is_lora  # a run made from a checkpoint is of the checkpoint's kind
     payload = LoadWeightsRequested(
         request_id=new_request_id(),
         model_id=model_id,
@@ -126,10 +143,11 @@ def _create_via_load(ctx: GatewayContext, tenant: str, body: LoadWeightsRequest,
         with_optimizer=body.optimizer,
         session_id=body.session_id,
         base_model=base_model,
-        lora_config=LoraConfig.model_validate(source_run.lora_config),
+        lora_config=None if full else LoraConfig.model_validate(source_run.lora_config),
         user_metadata=body.user_metadata if body.user_metadata is not None else source_run.user_metadata,
+        full_finetune=full,
     )
     dedup = Dedup.of(f"model:{body.session_id}:{body.model_seq_id}", raw)
     return submit(
-        ctx, tenant, LOAD_WEIGHTS["requested"], payload, stream="training", base_model=base_model, key=model_id, dedup=dedup, model_id=model_id
+        ctx, tenant, LOAD_WEIGHTS["requested"], payload, stream=training_stream(full), base_model=base_model, key=model_id, dedup=dedup, model_id=model_id
     )

@@ -10,6 +10,7 @@ from functions.gateway.deps import get_ctx, get_tenant, read_body, require_sessi
 from functions.gateway.routes.models import resolve_checkpoint
 from functions.gateway.routes.futures import submitted_key
 from functions.gateway.submit import submit
+from functions.compute.weight_sync import MANIFEST
 from openrl_core.errors import InvalidRequest, NotFound
 from openrl_core.events import new_event
 from openrl_core.events.sampling import SAMPLE, SAMPLING_SESSION_CREATED, SampleRequested, SamplingSessionCreated
@@ -38,13 +39,21 @@ async def create_sampling_session(
     body = CreateSamplingSessionRequest.model_validate_json(raw)
     require_session(ctx, tenant, body.session_id)
     sampling_session_id = sampling_session_id_for(body.session_id, body.sampling_session_seq_id)
-    base_model, adapter = body.base_model, None
+    base_model, adapter, weights = body.base_model, None, None
     if body.model_path:
-        _parsed, _row, run, files = resolve_checkpoint(ctx, tenant, body.model_path)
+        parsed, _row, run, files = resolve_checkpoint(ctx, tenant, body.model_path)
         if base_model is not None and base_model != run.base_model:
             raise InvalidRequest(f"{body.model_path!r} was trained on {run.base_model!r}, not {base_model!r}")
         base_model = run.base_model
-        adapter = {name: ref for name, ref in files.items() if name in ADAPTER_FILES}
+        if parsed.kind != "sampler_weights" and not run.is_lora:
+            raise InvalidRequest(
+                f"{body.model_path!r} is a full fine-tuning training state; sample from a sampler_weights/ checkpoint "
+                "(save_weights_for_sampler) of the run"
+            )
+        if MANIFEST in files:
+            weights = files[MANIFEST]
+        else:
+            adapter = {name: ref for name, ref in files.items() if name in ADAPTER_FILES}
     if base_model is None:
         raise InvalidRequest("create_sampling_session needs a base_model or a model_path")
     ctx.models.catalog.resolve(base_model)
@@ -55,6 +64,7 @@ async def create_sampling_session(
         base_model=base_model,
         model_path=body.model_path,
         adapter=adapter,
+        weights=weights,
     )
     event = new_event(SAMPLING_SESSION_CREATED, payload, tenant=tenant, source=SOURCE, key=sampling_session_id)
     ctx.emit(event, dedup=Dedup.of(f"sampler:{sampling_session_id}", raw))
@@ -89,6 +99,7 @@ async def asample(request: Request, ctx: GatewayContext = Depends(get_ctx), tena
         seq_id=body.seq_id or 0,
         base_model=session.base_model,
         adapter=session.adapter,
+        weights=session.weights,
         prompt_tokens=prompt,
         num_samples=body.num_samples,
         sampling_params=body.sampling_params,

@@ -94,7 +94,7 @@ def _submit_forward_backward(
             data=[DatumRecord.from_datum(datum) for datum in call.data],
         )
 
-    return submit_sequenced(ctx, tenant, model_id=run.model_id, base_model=run.base_model, seq_id=seq_id, body=raw, event_type=FORWARD_BACKWARD["requested"], build=build)
+    return submit_sequenced(ctx, tenant, run=run, seq_id=seq_id, body=raw, event_type=FORWARD_BACKWARD["requested"], build=build)
 
 
 @router.post("/optim_step")
@@ -108,7 +108,7 @@ async def optim_step(request: Request, ctx: GatewayContext = Depends(get_ctx), t
             raise InvalidRequest(f"optimizer {body.optimizer_params.get('type')!r} is not supported; use adam_params")
         return OptimStepRequested(request_id=request_id, model_id=run.model_id, seq_id=body.seq_id, adam_params=body.adam_params or AdamParams())
 
-    return submit_sequenced(ctx, tenant, model_id=run.model_id, base_model=run.base_model, seq_id=body.seq_id, body=raw, event_type=OPTIM_STEP["requested"], build=build)
+    return submit_sequenced(ctx, tenant, run=run, seq_id=body.seq_id, body=raw, event_type=OPTIM_STEP["requested"], build=build)
 
 
 @router.post("/save_weights")
@@ -132,7 +132,7 @@ async def save_weights(request: Request, ctx: GatewayContext = Depends(get_ctx),
             user_metadata=body.user_metadata,
         )
 
-    return submit_sequenced(ctx, tenant, model_id=run.model_id, base_model=run.base_model, seq_id=body.seq_id, body=raw, event_type=SAVE_WEIGHTS["requested"], build=build)
+    return submit_sequenced(ctx, tenant, run=run, seq_id=body.seq_id, body=raw, event_type=SAVE_WEIGHTS["requested"], build=build)
 
 
 def _refuse_existing(ctx: GatewayContext, tenant: str, path: TinkerPath, overwrite: bool) -> None:
@@ -172,5 +172,5 @@ async def save_weights_for_sampler(
         )
 
     return submit_sequenced(
-        ctx, tenant, model_id=run.model_id, base_model=run.base_model, seq_id=body.seq_id, body=raw, event_type=SAVE_WEIGHTS_FOR_SAMPLER["requested"], build=build
+        ctx, tenant, run=run, seq_id=body.seq_id, body=raw, event_type=SAVE_WEIGHTS_FOR_SAMPLER["requested"], build=build
     )

@@ -1,0 +1,234 @@
+"""Full fine-tuning: each run its own float32 copy of the model, its gradients and AdamW state.
+
+`FullFinetuneEngine` holds the full runs of one base model and answers the same calls as
+the LoRA engine (forward_backward, optim_step, export/copy/import state, park/restore), so
+the worker drives both alike. Invariants:
+- A run starts as a copy of the base weights in float32 (master weights), every parameter
+  trainable (tied embeddings stay tied: one parameter, named once), the model in eval mode
+  (no dropout), so a run is deterministic on CPU and bitwise the same steps done with plain
+  torch (`transformers` forward, `torch.optim.AdamW`).
+- Gradients accumulate across forward_backward calls until optim_step applies and clears
+  them; runs share nothing.
+- State files: `model.safetensors` (float32, parameter names as in `named_parameters`),
+  `openrl_full.json` (the marker that says a checkpoint is a full run's, and of which base)
+  and the optimizer files of `optimizer.py`. `export_external` writes what
+  `AutoModelForCausalLM.from_pretrained` and `AutoTokenizer.from_pretrained` load.
+- Sampler weights are published through `weight_sync.Publisher` (full or sparse delta).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Optional
+
+import torch
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+
+from functions.compute import parking
+from functions.compute.models import ModelFiles, load_causal_lm, parameter_count
+from functions.compute.weight_sync import Publication, Publisher, Put
+from functions.trainer import batching, optimizer, passes
+from functions.trainer.passes import DEFAULT_MAX_PADDED_TOKENS, ForwardBackwardResult
+from openrl_core.datum import Datum, validate_batch
+from openrl_core.errors import Conflict, InvalidRequest, NotFound
+from openrl_core.losses import resolve_config
+from openrl_core.params import AdamParams
+
+WEIGHTS_FILE = "model.safetensors"
+MARKER_FILE = "openrl_full.json"
+MARKER_FORMAT = "openrl.full.v1"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "vocab.json", "merges.txt", "generation_config.json")  # fmt: skip
+# float32 weights, gradients and Adam's two moments
+BYTES_PER_PARAMETER = 4 * 4
+
+
+def is_full_state(files: Mapping[str, bytes]) -> bool:
+    return MARKER_FILE in files
+
+
+@dataclass
+class _Run:
+    model: torch.nn.Module
+    params: dict[str, torch.nn.Parameter]
+    adam: optimizer.AdamState
+    publisher: Publisher
+    parked: Optional[parking.Parked] = None
+    extra: dict = field(default_factory=dict)
+
+
+class FullFinetuneEngine:
+    def __init__(
+        self,
+        files: ModelFiles,
+        device: str = "cpu",
+        max_padded_tokens: int = DEFAULT_MAX_PADDED_TOKENS,
+        max_padding: float = batching.MAX_PADDING,
+        serving_dtype: str = "bfloat16",
+        full_every: int = 20,
+        max_share: float = 0.5,
+    ) -> None:
+        self._files = files
+        self._device = torch.device(device)
+        self._max_padded_tokens = max_padded_tokens
+        self._max_padding = max_padding
+        self._serving = (serving_dtype, full_every, max_share)
+        self._runs: dict[str, _Run] = {}
+
+    # -- runs ------------------------------------------------------------------------------
+
+    def state_bytes_estimate(self) -> int:
+        return parameter_count(self._files) * BYTES_PER_PARAMETER
+
+    def create(self, model_id: str) -> None:
+        if model_id in self._runs:
+            raise Conflict(f"model {model_id!r} already exists")
+        model = load_causal_lm(self._files, dtype=torch.float32, device=str(self._device))
+        model.eval()  # no dropout: a step is a deterministic function of weights and data
+        model.requires_grad_(True)
+        params = dict(model.named_parameters())  # tied weights appear once
+        dtype, full_every, max_share = self._serving
+        self._runs[model_id] = _Run(
+            model, params, optimizer.fresh_state(params), Publisher(model_id, self._files.name, dtype, full_every, max_share)
+        )
+
+    def has(self, model_id: str) -> bool:
+        return model_id in self._runs
+
+    def drop(self, model_id: str) -> None:
+        self._runs.pop(model_id, None)
+
+    # -- training --------------------------------------------------------------------------
+
+    def forward_backward(
+        self, model_id: str, batch: list[Datum], loss_fn: str, loss_fn_config: dict[str, float] | None, forward_only: bool
+    ) -> ForwardBackwardResult:
+        run = self._require(model_id)
+        config = resolve_config(loss_fn, loss_fn_config)
+        validate_batch(batch, loss_fn, self._files.vocab_size)
+        decoder, lm_head = run.model.get_decoder(), run.model.get_output_embeddings()
+        return passes.run(decoder, lm_head, batch, loss_fn, config, forward_only, self._device, self._max_padded_tokens, self._max_padding)
+
+    def optim_step(self, model_id: str, params: AdamParams) -> dict[str, float]:
+        run = self._require(model_id)
+        grad_norm = optimizer.adamw_step(run.params, run.adam, params)
+        for p in run.params.values():
+            p.grad = None
+        return {"optim/grad_norm": grad_norm, "optim/lr": float(params.learning_rate)}
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def export_state(self, model_id: str) -> dict[str, bytes]:
+        return self.copy_state(model_id)()
+
+    def copy_state(self, model_id: str) -> Callable[[], dict[str, bytes]]:
+        """Copy weights and optimizer now (on the training thread); encode later, anywhere."""
+        run = self._require(model_id)
+        weights = {key: p.detach().to("cpu", copy=True) for key, p in run.params.items()}
+        adam = optimizer.AdamState(
+            step=run.adam.step,
+            exp_avg={k: t.to("cpu", copy=True) for k, t in run.adam.exp_avg.items()},
+            exp_avg_sq={k: t.to("cpu", copy=True) for k, t in run.adam.exp_avg_sq.items()},
+        )
+        marker = json.dumps({"format": MARKER_FORMAT, "base_model": self._files.name}, sort_keys=True).encode()
+        return lambda: {WEIGHTS_FILE: save_safetensors(weights), MARKER_FILE: marker, **optimizer.state_to_files(adam)}
+
+    def import_state(self, model_id: str, files: Mapping[str, bytes], with_optimizer: bool) -> None:
+        """Load a full run's files into `model_id` (created from the base if missing); every
+        check comes before any write, so a bad checkpoint leaves the run as it was."""
+        if not is_full_state(files):
+            raise InvalidRequest("this is a LoRA checkpoint; the run trains every weight (full fine-tuning)")
+        if WEIGHTS_FILE not in files:
+            raise InvalidRequest(f"the checkpoint has no {WEIGHTS_FILE}")
+        try:
+            tensors = load_safetensors(files[WEIGHTS_FILE])
+        except (ValueError, RuntimeError) as error:
+            raise InvalidRequest(f"{WEIGHTS_FILE} is unreadable: {error}") from error
+        created = model_id not in self._runs
+        if created:
+            self.create(model_id)
+        run = self._runs[model_id]
+        try:
+            missing, extra = sorted(set(run.params) - set(tensors)), sorted(set(tensors) - set(run.params))
+            if missing or extra:
+                raise InvalidRequest(f"{WEIGHTS_FILE} does not fit {self._files.name}: missing {missing[:3]}, unexpected {extra[:3]}")
+            for key, p in run.params.items():
+                if tuple(tensors[key].shape) != tuple(p.shape):
+                    raise InvalidRequest(f"{WEIGHTS_FILE}: {key} has shape {list(tensors[key].shape)}, expected {list(p.shape)}")
+            adam = optimizer.state_from_files(files, run.params) if with_optimizer else optimizer.fresh_state(run.params)
+        except InvalidRequest:
+            if created:
+                self.drop(model_id)
+            raise
+        with torch.no_grad():
+            for key, p in run.params.items():
+                p.copy_(tensors[key].to(device=p.device, dtype=p.dtype))
+                p.grad = None
+        run.adam = adam
+
+    def export_external(self, model_id: str) -> dict[str, bytes]:
+        """A Hugging Face model directory's files: config, float32 weights, tokenizer."""
+        run = self._require(model_id)
+        with tempfile.TemporaryDirectory(prefix="openrl-full-") as tmp:
+            run.model.save_pretrained(tmp, safe_serialization=True)
+            out = {path.name: path.read_bytes() for path in Path(tmp).iterdir() if path.is_file()}
+        for name in TOKENIZER_FILES:
+            source = Path(self._files.path) / name
+            if source.exists() and name not in out:
+                out[name] = source.read_bytes()
+        return out
+
+    def publish(self, model_id: str, version: int, put: Put) -> Publication:
+        run = self._require(model_id)
+        return run.publisher.publish(run.params, version, put)
+
+    # -- parking ---------------------------------------------------------------------------
+
+    def state_bytes(self, model_id: str) -> int:
+        run = self._require(model_id)
+        return BYTES_PER_PARAMETER * sum(p.numel() for p in run.params.values())
+
+    def park(self, model_id: str) -> tuple[float, int]:
+        run = self._require(model_id)
+        if run.parked is not None:
+            return 0.0, 0
+        run.parked = parking.park(self._slots(run))
+        return run.parked.seconds, run.parked.nbytes
+
+    def restore(self, model_id: str) -> tuple[float, int]:
+        run = self._require(model_id)
+        if run.parked is None:
+            return 0.0, 0
+        parked, run.parked = run.parked, None
+        return parking.restore(self._slots(run), parked), parked.nbytes
+
+    def is_parked(self, model_id: str) -> bool:
+        return self._require(model_id).parked is not None
+
+    # -- introspection (tests) -----------------------------------------------------------
+
+    def weights(self, model_id: str) -> dict[str, torch.Tensor]:
+        return {k: p.detach().clone() for k, p in self._require(model_id).params.items()}
+
+    def adam_state(self, model_id: str) -> optimizer.AdamState:
+        return self._require(model_id).adam
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _require(self, model_id: str) -> _Run:
+        run = self._runs.get(model_id)
+        if run is None:
+            raise NotFound(f"model {model_id!r} is not loaded on this trainer")
+        return run
+
+    @staticmethod
+    def _slots(run: _Run) -> list[parking.Slot]:
+        return (
+            parking.param_slots("w/", run.params)
+            + parking.dict_slots("m/", run.adam.exp_avg)
+            + parking.dict_slots("v/", run.adam.exp_avg_sq)
+        )
