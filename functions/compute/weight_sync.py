@@ -32,6 +32,7 @@ from typing import Callable, Mapping, Optional
 import numpy as np
 import torch
 import zstandard
+from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
@@ -267,7 +268,10 @@ class Receiver:
 
     @torch.no_grad()
     def load_full(self, data: bytes, link: Link) -> None:
-        tensors = load_safetensors(data)
+        try:
+            tensors = load_safetensors(data)
+        except SafetensorError as error:
+            raise InvalidRequest(f"full weights of version {link.version} are unreadable: {error}") from error
         if set(tensors) != set(self.params):
             missing, extra = sorted(set(self.params) - set(tensors))[:3], sorted(set(tensors) - set(self.params))[:3]
             raise InvalidRequest(f"full weights do not fit this model: missing {missing}, unexpected {extra}")

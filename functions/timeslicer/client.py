@@ -65,6 +65,7 @@ class Lease:
         self.lease_seconds = float(reply["lease_seconds"])
         self.granted_at = time.monotonic()
         self.deadline = self.granted_at + self.lease_seconds - SAFETY_MARGIN
+        self.renew_at = self.granted_at + self.lease_seconds / 3
         self.revoked: Optional[str] = None
         self.released = False
 
@@ -135,6 +136,7 @@ class TimeslicerClient:
         self._link: Optional[Link] = None
         self.info: dict = {}
         self._parks: queue.Queue = queue.Queue()
+        self._wake = threading.Event()
         self._open()
         self._threads = [
             threading.Thread(target=self._renew_loop, name=f"timeslicer-renew-{worker}", daemon=True),
@@ -181,6 +183,7 @@ class TimeslicerClient:
                 self._leases[lease.lease_id] = lease
                 if job in self._jobs:
                     self._jobs[job]["resident"] = True
+            self._wake.set()  # the renewal thread plans around the new lease
             return lease
 
     def release(self, lease: Lease) -> None:
@@ -189,10 +192,11 @@ class TimeslicerClient:
             if lease.released:
                 return
             lease.released = True
-        if lease.revoked is None:
-            reply = self._call({"op": "release", "lease_id": lease.lease_id}, retry=False)
-            if not reply.get("ok") and not reply.get("lost"):
-                log.info("timeslicer: release of lease %s: %s", lease.lease_id, reply.get("error"))
+        # Sent even for a lease believed lost: the daemon may still hold it (a revocation this
+        # worker assumed), and releasing a lease that really ended is refused harmlessly.
+        reply = self._call({"op": "release", "lease_id": lease.lease_id}, retry=False)
+        if not reply.get("ok") and not reply.get("lost") and lease.revoked is None:
+            log.info("timeslicer: release of lease %s: %s", lease.lease_id, reply.get("error"))
 
     @contextmanager
     def turn(self, job: str, timeout: Optional[float] = None) -> Iterator[Turn]:
@@ -213,25 +217,32 @@ class TimeslicerClient:
             self._closed = True
             link, self._link = self._link, None
         self._parks.put(None)
+        self._wake.set()
         if link is not None:
             link.close()
 
     # -- background threads ------------------------------------------------------------------
 
     def _renew_loop(self) -> None:
+        """Renew each held lease a third of the way into its life; sleep until the next is due
+        (or a new lease arrives), so no lease is ever renewed late because of another's timing."""
         while not self._closed:
             with self._lock:
                 leases = [lease for lease in self._leases.values() if lease.valid()]
-            wait = 0.5
             for lease in leases:
-                wait = min(wait, lease.lease_seconds / 3)
+                if time.monotonic() < lease.renew_at:
+                    continue
                 sent = time.monotonic()
                 reply = self._call({"op": "renew", "lease_id": lease.lease_id}, retry=False, deadline=sent + lease.lease_seconds)
                 if reply.get("ok"):
                     lease.deadline = sent + float(reply["lease_seconds"]) - SAFETY_MARGIN
+                    lease.renew_at = sent + float(reply["lease_seconds"]) / 3
                 elif not reply.get("lost"):
                     lease.revoked = lease.revoked or reply.get("error", "renew refused")
-            time.sleep(wait)
+            with self._lock:
+                due = [lease.renew_at for lease in self._leases.values() if lease.valid()]
+            self._wake.wait(timeout=max(0.005, min(due, default=time.monotonic() + 1.0) - time.monotonic()))
+            self._wake.clear()
 
     def _park_loop(self) -> None:
         while True:

@@ -290,6 +290,12 @@ class SlicerService:
         self.m_duty = Gauge("openrl_timeslicer_duty_cycle", "share of uptime a lease was held", ["device"], registry=r)
         self.m_resident = Gauge("openrl_timeslicer_resident_bytes", "bytes of resident jobs", ["device"], registry=r)
         self.m_budget = Gauge("openrl_timeslicer_budget_bytes", "memory budget (-1: none)", ["device"], registry=r)
+        # Every device's series exist from the start, at zero, so dashboards and rate()s see them.
+        for device in self.core.devices:
+            for metric in (self.m_wait, self.m_hold, self.m_park_seconds, self.m_restore_seconds, self.m_park_bytes,
+                           self.m_restore_bytes, self.m_expiries, self.m_queue, self.m_switches, self.m_duty,
+                           self.m_resident, self.m_budget):  # fmt: skip
+                metric.labels(device)
 
     def _refresh_gauges(self) -> None:
         now = self.clock()

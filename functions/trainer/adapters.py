@@ -26,6 +26,7 @@ import math
 from typing import Mapping
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
@@ -159,7 +160,7 @@ def load_weights(params: Mapping[str, torch.nn.Parameter], files: Mapping[str, b
         raise InvalidRequest(f"the checkpoint has no {WEIGHTS_FILE}")
     try:
         tensors = load_safetensors(files[WEIGHTS_FILE])
-    except (ValueError, RuntimeError) as error:
+    except (ValueError, RuntimeError, SafetensorError) as error:
         raise InvalidRequest(f"{WEIGHTS_FILE} is unreadable: {error}") from error
     missing, unexpected = sorted(set(params) - set(tensors)), sorted(set(tensors) - set(params))
     if missing or unexpected:

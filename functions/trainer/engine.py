@@ -45,6 +45,7 @@ class _Adapter:
     lora: LoraConfig
     params: dict[str, torch.nn.Parameter]  # PEFT file key -> parameter
     adam: optimizer.AdamState
+    numel: int = 0  # elements of the adapter, counted at creation (parking empties them)
     parked: Optional[parking.Parked] = None
 
 
@@ -99,7 +100,8 @@ class TrainerEngine:
                 raise InvalidRequest(f"cannot put this LoRA on {self._files.name}: {error}") from error
         params = adapters.adapter_parameters(self._peft, name)
         adapters.initialize(params, adapters.init_seed(model_id, lora))
-        self._adapters[model_id] = _Adapter(name, lora, params, optimizer.fresh_state(params))
+        numel = sum(p.numel() for p in params.values())
+        self._adapters[model_id] = _Adapter(name, lora, params, optimizer.fresh_state(params), numel)
 
     def has_adapter(self, model_id: str) -> bool:
         return model_id in self._adapters
@@ -130,8 +132,7 @@ class TrainerEngine:
         return elements * 4 * 4
 
     def state_bytes(self, model_id: str) -> int:
-        adapter = self._require(model_id)
-        return 4 * parking.nbytes(adapter.params.values())
+        return 16 * self._require(model_id).numel  # weights, gradients, two moments; float32
 
     def park(self, model_id: str) -> tuple[float, int]:
         """Move the adapter, its gradients and its optimizer state to host memory."""

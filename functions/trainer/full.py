@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Optional
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
@@ -57,8 +58,8 @@ class _Run:
     params: dict[str, torch.nn.Parameter]
     adam: optimizer.AdamState
     publisher: Publisher
+    numel: int = 0  # elements of the weights, counted at creation (parking empties them)
     parked: Optional[parking.Parked] = None
-    extra: dict = field(default_factory=dict)
 
 
 class FullFinetuneEngine:
@@ -93,7 +94,11 @@ class FullFinetuneEngine:
         params = dict(model.named_parameters())  # tied weights appear once
         dtype, full_every, max_share = self._serving
         self._runs[model_id] = _Run(
-            model, params, optimizer.fresh_state(params), Publisher(model_id, self._files.name, dtype, full_every, max_share)
+            model,
+            params,
+            optimizer.fresh_state(params),
+            Publisher(model_id, self._files.name, dtype, full_every, max_share),
+            numel=sum(p.numel() for p in params.values()),
         )
 
     def has(self, model_id: str) -> bool:
@@ -146,7 +151,7 @@ class FullFinetuneEngine:
             raise InvalidRequest(f"the checkpoint has no {WEIGHTS_FILE}")
         try:
             tensors = load_safetensors(files[WEIGHTS_FILE])
-        except (ValueError, RuntimeError) as error:
+        except (ValueError, RuntimeError, SafetensorError) as error:
             raise InvalidRequest(f"{WEIGHTS_FILE} is unreadable: {error}") from error
         created = model_id not in self._runs
         if created:
@@ -189,8 +194,7 @@ class FullFinetuneEngine:
     # -- parking ---------------------------------------------------------------------------
 
     def state_bytes(self, model_id: str) -> int:
-        run = self._require(model_id)
-        return BYTES_PER_PARAMETER * sum(p.numel() for p in run.params.values())
+        return BYTES_PER_PARAMETER * self._require(model_id).numel
 
     def park(self, model_id: str) -> tuple[float, int]:
         run = self._require(model_id)

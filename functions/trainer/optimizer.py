@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
@@ -108,7 +109,7 @@ def state_from_files(files: Mapping[str, bytes], params: Mapping[str, torch.nn.P
     try:
         meta = json.loads(files[STATE_META])
         tensors = load_safetensors(files[STATE_TENSORS])
-    except (ValueError, RuntimeError) as error:
+    except (ValueError, RuntimeError, SafetensorError) as error:
         raise InvalidRequest(f"the checkpoint's optimizer state is unreadable: {error}") from error
     if not isinstance(meta, dict) or meta.get("format") != STATE_FORMAT or not isinstance(meta.get("step"), int):
         raise InvalidRequest(f"the checkpoint's optimizer state is not in format {STATE_FORMAT}")

@@ -44,6 +44,17 @@ def test_round_trip_is_exact(tmp_path):
     assert codec.decode_http(headers, body) == event
 
 
+def test_the_lease_travels_as_a_cloudevent_extension(tmp_path):
+    codec = Codec(BlobStore(tmp_path))
+    event = optim_event().model_copy(update={"lease": 117707261820993536})
+    message = codec.encode(event)
+    assert message.headers["ce_openrllease"] == b"117707261820993536"
+    assert codec.decode(message) == event
+    headers, body = codec.encode_http(event)
+    assert headers["ce-openrllease"] == "117707261820993536" and codec.decode_http(headers, body) == event
+    assert "ce_openrllease" not in codec.encode(optim_event()).headers
+
+
 def test_large_payloads_travel_by_reference(tmp_path):
     blobs = BlobStore(tmp_path)
     codec = Codec(blobs, inline_limit=4096)

@@ -152,3 +152,38 @@ def test_a_conflicting_submission_rolls_the_whole_batch_back(store):
     with pytest.raises(Conflict):
         store.append_batch([(other, None), (ev(te.OPTIM_STEP["requested"], payload), Dedup.of("model:s1:0", b"other body"))])
     assert not store.contains(other.id)
+
+
+def test_an_event_under_a_fenced_lease_is_kept_but_never_applied(store, tmp_path):
+    """Per model, leases only grow: a completion carrying a lease below one already applied
+    comes from a holder that lost the device (paused, replaced) and changes nothing."""
+    from eventing.replay import replay
+    from eventing.store import database
+    from eventing.store.event_store import EventStore
+    from eventing.store.queries import Projections
+
+    store, reads = store
+    session(store)
+    create_model(store)
+    model = "s1:train:0"
+    fb = te.ForwardBackwardRequested(request_id="fb1", model_id=model, seq_id=1, loss_fn="cross_entropy", data=[])
+    store.append(ev(te.FORWARD_BACKWARD["requested"], fb, key=model))
+    fresh = RequestCompleted(request_id="req-create", result={"model_id": model, "type": "create_model"})
+    applied = store.append(new_event(te.CREATE_MODEL["completed"], fresh, tenant=T, source="/t", key=model, lease=700))
+    assert applied.stored and not applied.fenced
+    stale = RequestCompleted(request_id="fb1", result={"metrics": {"loss:sum": 1.0}})
+    refused = store.append(new_event(te.FORWARD_BACKWARD["completed"], stale, tenant=T, source="/t", key=model, lease=500))
+    assert refused.stored and refused.fenced
+    assert reads.future(T, "fb1").state == "pending", "the stale completion projected nothing"
+    same = store.append(new_event(te.FORWARD_BACKWARD["completed"], stale, tenant=T, source="/t", key=model, lease=700))
+    assert same.stored and not same.fenced and reads.future(T, "fb1").state == "completed"
+    other_key = store.append(new_event(te.FORWARD_BACKWARD["completed"], stale, tenant=T, source="/t", key="s1:train:9", lease=1))
+    assert not other_key.fenced, "fences are per model"
+    kept = [(e.lease, e.type.split(".")[-2]) for _, e in store.read() if e.lease is not None]
+    assert kept == [(700, "completed"), (500, "completed"), (700, "completed"), (1, "completed")]
+    # a replay refuses exactly what the live store refused
+    engine = database.make_engine(f"sqlite:///{tmp_path}/replayed.db")
+    database.upgrade(engine)
+    report = replay(store, reads, EventStore(engine, store.codec), Projections(engine))
+    assert report.differences == []
+    engine.dispose()

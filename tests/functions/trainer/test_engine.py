@@ -196,3 +196,23 @@ def test_bad_calls_raise_typed_errors(engine):
         engine.forward_backward("m", sft_batch(0, [3]), "cross_entropy", {"beta": 1.0}, forward_only=True)
     with pytest.raises(InvalidRequest):
         engine.forward_backward("m", [], "cross_entropy", None, forward_only=True)
+
+
+def test_a_parked_adapter_is_restored_bitwise_while_its_neighbours_train(engine):
+    engine.create_adapter("a", LoraConfig(rank=4, seed=1))
+    engine.create_adapter("b", LoraConfig(rank=8, seed=2))
+    assert engine.state_bytes("a") == engine.adapter_bytes_estimate(LoraConfig(rank=4))
+    engine.forward_backward("a", sft_batch(7, [6]), "cross_entropy", None, forward_only=False)
+    engine.optim_step("a", ADAM)
+    engine.forward_backward("a", sft_batch(8, [6]), "cross_entropy", None, forward_only=False)  # pending gradients
+    weights, grads = engine.adapter_weights("a"), engine.adapter_gradients("a")
+    seconds, nbytes = engine.park("a")
+    assert nbytes == engine.state_bytes("a") and engine.is_parked("a")
+    for _ in range(2):  # b trains on the shared base meanwhile
+        engine.forward_backward("b", sft_batch(9, [5]), "cross_entropy", None, forward_only=False)
+        engine.optim_step("b", ADAM)
+    engine.restore("a")
+    for key in weights:
+        np.testing.assert_array_equal(engine.adapter_weights("a")[key], weights[key])
+        np.testing.assert_array_equal(engine.adapter_gradients("a")[key], grads[key])
+    assert engine.base_bytes() > 0
