@@ -11,7 +11,7 @@ import json
 import pytest
 
 from functions.local_server import LocalServer
-from tests.e2e.cookbook_rig import COOKBOOK_ALIASES
+from tests.e2e.cookbook_rig import COOKBOOK_ALIASES, FULL_FINETUNE_NAMES
 
 API_KEY = "tml-e2e-alice"
 OTHER_KEY = "tml-e2e-bob"
@@ -23,7 +23,7 @@ def server(tmp_path_factory):
         tmp_path_factory.mktemp("openrl-e2e"),
         ["openrl/tiny-qwen3"],
         f"alice={API_KEY},bob={OTHER_KEY}",
-        extra_env={"OPENRL_MODEL_ALIASES": json.dumps(COOKBOOK_ALIASES)},
+        extra_env={"OPENRL_MODEL_ALIASES": json.dumps(COOKBOOK_ALIASES), "OPENRL_FULL_FINETUNE_MODELS": ",".join(FULL_FINETUNE_NAMES)},
     )
     try:
         srv.wait_ready()

@@ -24,7 +24,10 @@ from pathlib import Path
 
 from openrl_core.catalog import TINY_QWEN3
 
-COOKBOOK_ALIASES = {"Qwen/Qwen3-8B": TINY_QWEN3, "Qwen/Qwen3-8B-Base": TINY_QWEN3}
+COOKBOOK_ALIASES = {"Qwen/Qwen3-8B": TINY_QWEN3, "Qwen/Qwen3-8B-Base": TINY_QWEN3, "Qwen/Qwen3-32B": TINY_QWEN3}
+# Served names whose runs are full fine-tuning (OPENRL_FULL_FINETUNE_MODELS): a recipe asks
+# for a LoRA client by name and gets a full run, unchanged. Qwen3-32B uses the qwen3 renderer.
+FULL_FINETUNE_NAMES = ["Qwen/Qwen3-32B"]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json", "generation_config.json")
 
 

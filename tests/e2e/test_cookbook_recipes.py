@@ -77,10 +77,10 @@ def test_sl_basic_on_the_bundled_conversations(sdk_env, hf_home, tmp_path):
     assert (run.user_metadata or {}).get("renderer_name") == "role_colon"
 
 
-def math_rl_args(log_path: Path, *extra: str) -> list[str]:
+def math_rl_args(log_path: Path, *extra: str, model: str = "Qwen/Qwen3-8B") -> list[str]:
     return [
         "env=arithmetic",
-        "model_name=Qwen/Qwen3-8B",
+        f"model_name={model}",
         f"log_path={log_path}",
         "group_size=4",
         "groups_per_batch=4",
@@ -115,6 +115,26 @@ def test_math_rl_arithmetic_with_importance_sampling(sdk_env, hf_home, tmp_path)
     assert checkpoint_ids(run_id) >= {"weights/final", "sampler_weights/final"}
     run = tinker.RestClient().get_training_run(run_id).result()
     assert run.base_model == "Qwen/Qwen3-8B" and (run.user_metadata or {}).get("renderer_name") == "qwen3"
+
+
+def test_math_rl_unchanged_trains_a_full_run_when_the_name_is_configured_full(sdk_env, hf_home, tmp_path):
+    """`Qwen/Qwen3-32B` is listed in OPENRL_FULL_FINETUNE_MODELS: the recipe's LoRA client is a
+    full fine-tuning run, its sampler serves the published bf16 weights."""
+    log_path = tmp_path / "math_rl_full"
+    args = math_rl_args(log_path, "loss_fn=importance_sampling", model="Qwen/Qwen3-32B")
+    done = run_recipe("tinker_cookbook.recipes.math_rl.train", args, recipe_env(sdk_env.url, API_KEY, hf_home), tmp_path)
+    assert done.returncode == 0, done.stdout[-6000:]
+    rows = {row["step"]: row for row in read_jsonl(log_path / "metrics.jsonl")}
+    for step in (0, 1):
+        row = rows[step]
+        assert row["env/all/total_episodes"] == 16, row
+        for key in ("optim/grad_norm", "optim/kl_sample_train_v1", "env/all/reward/total"):
+            assert finite(row[key]), (key, row)
+        # the sampler serves the weights rounded to bf16, the trainer computes in float32
+        assert abs(row["optim/kl_sample_train_v1"]) < 0.05, row
+    run_id = run_id_of(read_jsonl(log_path / "checkpoints.jsonl")[-1]["state_path"])
+    run = tinker.RestClient().get_training_run(run_id).result()
+    assert run.base_model == "Qwen/Qwen3-32B" and run.is_lora is False and run.lora_rank is None
 
 
 def test_math_rl_default_stable_reinforce_is_refused_by_name(sdk_env, hf_home, tmp_path):
