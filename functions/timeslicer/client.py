@@ -137,7 +137,7 @@ class TimeslicerClient:
         self.info: dict = {}
         self._parks: queue.Queue = queue.Queue()
         self._wake = threading.Event()
-        self._open()
+        self._first_open()
         self._threads = [
             threading.Thread(target=self._renew_loop, name=f"timeslicer-renew-{worker}", daemon=True),
             threading.Thread(target=self._park_loop, name=f"timeslicer-park-{worker}", daemon=True),
@@ -276,6 +276,21 @@ class TimeslicerClient:
             reply = self._call(message, retry=False)
             if not reply.get("ok"):
                 log.error("timeslicer: re-registering %s failed: %s", message["job"], reply.get("error"))
+
+    def _first_open(self) -> None:
+        """Connect, waiting for a daemon that is not up yet (pods start in any order)."""
+        delay, give_up = 0.05, time.monotonic() + self.reconnect_seconds
+        while True:
+            try:
+                self._open()
+                return
+            except OSError as error:
+                if time.monotonic() >= give_up:
+                    raise LinkLost(f"no timeslicer answered within {self.reconnect_seconds:.0f} s: {error}") from error
+                if delay >= 1.0:
+                    log.warning("timeslicer: %s waits for the daemon (%s)", self.worker, error)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     def _on_message(self, message: dict) -> None:
         push = message.get("push")

@@ -98,6 +98,9 @@ class TrainerWorker:
         self.recovery = Recovery(snapshots, snapshot_every_steps)
         self._lora: dict = {}
         self._full: dict = {}
+        # Models another worker took over (a replacement with this worker's identity): never
+        # served here again, so a paused-then-resumed worker cannot take them back.
+        self._lost: set[str] = set()
         self._state = threading.Lock()  # compute, parking and restoring of any model
         self._handlers: dict[str, Callable[[Event], dict]] = {
             te.FORWARD_BACKWARD["requested"]: self._forward_backward,
@@ -144,6 +147,8 @@ class TrainerWorker:
         model_id = getattr(event.data, "model_id", None)
         if self.options.only_model is not None and model_id != self.options.only_model:
             return  # another run's trainer serves it
+        if model_id in self._lost:
+            return  # its replacement answers it
         full = record.topic.split(".")[2] == "training-full"
         if event.type == te.CREATE_MODEL["requested"] or (event.type == te.LOAD_WEIGHTS["requested"] and event.data.seq_id is None):
             self._execute(event, self._create, model_id, create=(full, event.data.base_model, event.data.lora_config))
@@ -199,6 +204,7 @@ class TrainerWorker:
                 lease = turn.confirm()  # outside the state lock: it may wait for a new turn
         except Fenced as fenced:
             log.error("trainer: %s was taken over by another worker (%s); dropping it here", model_id, fenced.detail)
+            self._lost.add(model_id)
             self._forget(model_id)
             return False
         except Exception as exc:  # one request's failure is reported on its own future

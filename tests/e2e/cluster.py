@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -22,7 +23,9 @@ MODEL = "openrl/tiny-qwen3"
 
 
 class Cluster:
-    def __init__(self, root: Path, database_url: str, snapshot_every: int = 2) -> None:
+    def __init__(
+        self, root: Path, database_url: str, snapshot_every: int = 2, timeslicer: bool = False, extra_env: Optional[dict] = None
+    ) -> None:
         self.root = root
         self.database_url = database_url
         self.broker = NoidaBroker(root / "broker").start()
@@ -32,12 +35,24 @@ class Cluster:
             "OPENRL_DATABASE_URL": database_url,
             "OPENRL_SNAPSHOT_EVERY_STEPS": str(snapshot_every),
             "OPENRL_MODELS": MODEL,
+            **(extra_env or {}),
         }
         self.data = root / "data"
         self.workers: dict[str, LocalProcess] = {}
         self.gateway: Optional[LocalServer] = None
+        self.timeslicer = timeslicer
+        if timeslicer:  # the node's daemon, which trainer and sampler processes share
+            self.socket = Path(tempfile.mkdtemp(prefix="openrl-ts-")) / "timeslicer.sock"
+            self.env["OPENRL_TIMESLICER_SOCKET"] = str(self.socket)
+
+    def start_timeslicer(self) -> LocalProcess:
+        process = LocalProcess(self.data, "timeslicer", KEYS, ["--http-port", "0"], self.env)
+        self.workers["timeslicer"] = process
+        return process.wait_ready()
 
     def start(self) -> "Cluster":
+        if self.timeslicer:
+            self.start_timeslicer()
         for role in ("projector", "trainer", "sampler"):
             self.start_role(role)
         self.start_gateway()
@@ -59,7 +74,7 @@ class Cluster:
         return self.gateway.url
 
     def stop(self) -> None:
-        for part in [self.gateway, *self.workers.values()]:
+        for part in [self.gateway, *reversed(list(self.workers.values()))]:
             if part is not None:
                 part.stop()
         self.broker.stop()
