@@ -47,9 +47,9 @@ class KubeServer:
         self.api = KubernetesApi.at(self.url)
         return self
 
-    def requests(self, method: str) -> int:
-        """How many requests of this HTTP method the server has answered."""
-        return sum(1 for request in self.emulator.requests if request.method.upper() == method.upper())
+    def requests(self, method: str) -> list:
+        """The requests of this HTTP method the server has answered, oldest first."""
+        return list(self.emulator[method.lower()])
 
     def __exit__(self, *exc) -> None:
         self._loop.call_soon_threadsafe(self._stop.set)
