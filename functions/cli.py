@@ -76,10 +76,16 @@ def main(argv: list[str] | None = None) -> int:
     tail.add_argument("-n", "--lines", type=int, default=20, help="history lines to print first (0: all)")
     tail.add_argument("-f", "--follow", action="store_true", help="keep printing new events from the log")
 
+    from functions.deploy import cli as kubernetes_cli
+
+    kubernetes_cli.add_commands(commands)  # deploy, scheduler, function
+
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for chatty in ("kafka", "alembic"):  # their INFO lines drown ours
         logging.getLogger(chatty).setLevel(logging.WARNING)
+    if args.command in kubernetes_cli.COMMANDS:
+        return kubernetes_cli.run(args)
     from openrl_core.settings import Settings
 
     flags = {
