@@ -43,7 +43,7 @@ class Activity:
     oldest_pending: Optional[datetime] = None
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class WorkerSpec:
     role: Role
     base_model: str
