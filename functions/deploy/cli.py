@@ -40,6 +40,8 @@ def add_commands(commands) -> None:
     deploy.add_argument("--scheduler-policy", default=None, help="binpack (default) or spread")
     deploy.add_argument("--manifests", type=Path, default=None, help="the knative/ directory (default: this checkout's)")
     deploy.add_argument("--dry-run", action="store_true", help="print the manifests as YAML; talk to no cluster")
+    deploy.add_argument("--wait", type=float, default=0, metavar="SECONDS",
+                        help="after applying, wait this long for every Knative Service to be Ready")  # fmt: skip
     deploy.add_argument("--kubeconfig", default=None)
     deploy.add_argument("--context", default=None)
 
@@ -99,6 +101,14 @@ def _deploy(args) -> int:
     applying.preflight(api, config)
     for change in applying.apply(api, objects):
         print(change)
+    if args.wait > 0:
+        from functions.deploy.knative import KnativeServing
+
+        serving = KnativeServing(api.client, config.namespace)
+        for obj in objects:
+            if obj["apiVersion"].startswith("serving.knative.dev/"):
+                serving.wait_ready(obj["metadata"]["name"], timeout=args.wait)
+                print(f"ready     KnativeService/{obj['metadata']['name']}")
     return 0
 
 

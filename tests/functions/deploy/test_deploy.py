@@ -125,3 +125,31 @@ def test_apply_reports_each_object_once_in_apply_order(kube):
 def test_config_refuses_a_missing_manifest_directory(tmp_path):
     with pytest.raises(DeployConfigError, match="no overlays under"):
         checked(image=IMAGE, manifests=tmp_path)
+
+
+def test_wait_reports_each_knative_service_ready_or_fails_with_its_reason(kube, tmp_path, capsys):
+    import threading
+
+    from functions.deploy.knative import KnativeServing
+
+    config = kubeconfig(tmp_path, kube.url)
+    namespace(kube)
+    argv = ["deploy", "--image", IMAGE, "--overlay", "single-node", "--kubeconfig", config, "--wait", "0.5"]
+    assert main(argv) == 0  # single-node has no Knative Service: nothing to wait for
+    capsys.readouterr()
+    secrets(kube)
+    argv = ["deploy", "--image", IMAGE, "--tenant", "alice", "--kubeconfig", config, "--wait", "0.3"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Knative Service openrl/openrl-audit not Ready after 0 s: no Ready condition yet" in err
+
+    serving = KnativeServing(kube.api.client, "openrl")
+    ready = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    names = ["openrl-audit", "openrl-dead-letters", "openrl-gateway", "openrl-metrics"]
+    # Stands in for Knative's controller, which kmock does not run.
+    timer = threading.Timer(0.3, lambda: [serving.patch(name, ready) for name in names])
+    timer.start()
+    assert main([*argv[:-1], "10"]) == 0
+    timer.join()
+    out = capsys.readouterr().out
+    assert [line for line in out.splitlines() if line.startswith("ready")] == [f"ready     KnativeService/{n}" for n in names]

@@ -258,3 +258,23 @@ def test_templates_are_read_from_the_mounted_config_map(tmp_path):
     (tmp_path / "sampler.yaml").unlink()
     with pytest.raises(DeployConfigError, match="no sampler template"):
         load_templates(tmp_path)
+
+
+def test_openrl_scheduler_once_through_the_cli(rig, tmp_path, monkeypatch, capsys):
+    from functions.cli import main
+    from tests.functions.deploy.test_deploy import kubeconfig
+
+    templates = tmp_path / "templates"
+    templates.mkdir()
+    for role, template in rig.templates.items():
+        (templates / f"{role}.yaml").write_text(yaml.safe_dump(template))
+    monkeypatch.setenv("OPENRL_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("OPENRL_DEVICE", "cpu")
+    monkeypatch.setenv("OPENRL_SCHEDULER_BASE_MODELS", TINY_QWEN3)
+    argv = ["scheduler", "--once", "--templates", str(templates), "--kubeconfig", kubeconfig(tmp_path, rig.kube.url)]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.splitlines() == [f"created    {SAMPLER.name}", f"created    {TRAINER.name}"]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.splitlines() == ["nothing to change"]
+    assert main([*argv[:3], str(tmp_path / "nowhere"), *argv[4:]]) == 2
+    assert "no trainer template at" in capsys.readouterr().err
