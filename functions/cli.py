@@ -79,9 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     tail.add_argument("-n", "--lines", type=int, default=20, help="history lines to print first (0: all)")
     tail.add_argument("-f", "--follow", action="store_true", help="keep printing new events from the log")
 
+    from functions.deploy import cli as kubernetes_cli
     from functions.timeslicer import cli as timeslicer_cli
 
     timeslicer_cli.add_parser(commands)
+    kubernetes_cli.add_commands(commands)  # deploy, scheduler, function
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -89,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(chatty).setLevel(logging.WARNING)
     if args.command == "timeslicer":
         return timeslicer_cli.run(args)
+    if args.command in kubernetes_cli.COMMANDS:
+        return kubernetes_cli.run(args)
     from openrl_core.settings import Settings
 
     flags = {

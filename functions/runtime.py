@@ -67,6 +67,7 @@ class Runtime:
             publisher=self.publisher,
             models=self.models,
             key_tenants=tenants,
+            notifier=self.notifier,
         )
         self.notifier.subscribe(ctx.waiters.notify)
         ctx.republish_outbox()

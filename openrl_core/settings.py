@@ -5,7 +5,6 @@ Nothing else reads the environment. Every field says what it does; unknown keys 
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -15,19 +14,9 @@ from typing_extensions import Annotated
 
 from openrl_core.errors import InvalidRequest
 from openrl_core.ids import check_tenant_name, tenant_for_key
+from openrl_core.quantity import parse_bytes
 
 DEFAULT_API_KEY = "tml-openrl-local"
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
-
-
-def parse_bytes(text: str) -> int:
-    """'6GiB', '512MiB', '1.5G', '123' -> bytes; anything else is a ValueError naming it."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
-    unit = match.group(2).lower() if match else None
-    if match is None or unit not in _UNITS:
-        raise ValueError(f"{text!r} is not a size; write e.g. 6GiB, 512MiB, 2G or a number of bytes")
-    return int(float(match.group(1)) * _UNITS[unit])
 
 
 class Settings(BaseSettings):
@@ -155,12 +144,62 @@ class Settings(BaseSettings):
         2, ge=1, description="full fine-tuned weight sets a sampler keeps per base model (least recently used leaves)"
     )
 
+    # -- Kubernetes: `openrl scheduler`, the controller that places worker StatefulSets --------
+    namespace: str = Field("openrl", description="Kubernetes namespace the scheduler creates worker StatefulSets in")
+    scheduler_policy: Literal["binpack", "spread"] = Field(
+        "binpack", description="placement of workers on accelerators: binpack (fewest devices, time-sliced) or spread"
+    )
+    scheduler_interval_seconds: float = Field(10.0, gt=0, description="how often the scheduler reconciles workers")
+    scheduler_idle_minutes: float = Field(
+        15.0,
+        ge=1,
+        description="a worker whose runs sent no request for this many minutes is released (minutes, not seconds: "
+        "a run between steps is only briefly idle, and a GPU worker's cold start takes minutes)",
+    )
+    scheduler_unplaced_grace_seconds: float = Field(
+        300.0,
+        ge=0,
+        description="a run with pending requests whose worker has had no accelerator this long has them failed "
+        "with the reason, instead of leaving its client polling forever",
+    )
+    scheduler_base_models: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="base models whose trainer and sampler stay up even with no session (comma-separated); the "
+        "rest start on demand",
+    )
+    scheduler_job_memory: dict[str, str] = Field(
+        default_factory=dict,
+        description="accelerator memory a trainer or sampler of a base model keeps resident, e.g. "
+        "{\"openrl/tiny-qwen3\": \"1GiB\"} (JSON); others get scheduler_default_job_memory",
+    )
+    scheduler_default_job_memory: str = Field("8GiB", description="accelerator memory of a worker not in scheduler_job_memory")
+    scheduler_full_finetune_factor: float = Field(
+        4.0, ge=1, description="a full fine-tuning trainer needs this many times its base model's worker memory "
+        "(weights, gradients, two Adam moments)",
+    )  # fmt: skip
+    scheduler_timeslicer_port: int = Field(
+        9465, ge=1, le=65535, description="HTTP port of the node timeslicers whose /status the scheduler reads"
+    )
+
     @field_validator("accelerator_memory", mode="before")
     @classmethod
     def _parse_bytes(cls, value):
         return parse_bytes(value) if isinstance(value, str) else value
 
-    @field_validator("api_keys", "models", "full_finetune_models", mode="before")
+    @field_validator("scheduler_default_job_memory")
+    @classmethod
+    def _check_memory(cls, value: str) -> str:
+        parse_bytes(value)
+        return value
+
+    @field_validator("scheduler_job_memory")
+    @classmethod
+    def _check_memories(cls, value: dict[str, str]) -> dict[str, str]:
+        for size in value.values():
+            parse_bytes(size)
+        return value
+
+    @field_validator("api_keys", "models", "full_finetune_models", "scheduler_base_models", mode="before")
     @classmethod
     def _split_commas(cls, value):
         if isinstance(value, str):

@@ -2,12 +2,17 @@
 
 `create_app(ctx)` builds the FastAPI app; `new()` is the Knative Functions entry point
 (func-python lifecycle: `handle` is ASGI, `start(cfg)` builds the context from settings).
+On a cluster the function is the whole gateway process, so `start` also runs what
+`openrl gateway` runs beside the app: the checkpoint TTL reaper and the outbox relay.
+func-python keeps the ASGI lifespan to itself, so the long-poll waiters are bound to the
+event loop on the first request instead of at app startup.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from contextlib import asynccontextmanager
 from typing import Optional
 
@@ -46,15 +51,30 @@ class GatewayFunction:
     def __init__(self) -> None:
         self._app: Optional[FastAPI] = None
         self._runtime = None
+        self._ctx: Optional[GatewayContext] = None
+        self._bound = False
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
 
     def start(self, cfg: dict) -> None:
+        from functions.gateway.relay import OutboxRelay
+        from functions.gateway.routes.checkpoints import Reaper
         from functions.runtime import Runtime
         from openrl_core.settings import Settings
 
         self._runtime = Runtime(Settings(**{k.lower(): v for k, v in cfg.items() if k.lower() in Settings.model_fields}))
-        self._app = create_app(self._runtime.gateway_context())
+        self._ctx = self._runtime.gateway_context()
+        self._app = create_app(self._ctx)
+        settings = self._runtime.settings
+        for name, loop in (("reaper", Reaper(self._ctx, settings.checkpoint_reaper_seconds)), ("outbox", OutboxRelay(self._ctx))):
+            thread = threading.Thread(target=loop.run, args=(self._stop,), name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
 
     def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=30)
         if self._runtime is not None:
             self._runtime.close()
 
@@ -67,6 +87,9 @@ class GatewayFunction:
     async def handle(self, scope, receive, send) -> None:
         if self._app is None:
             raise RuntimeError("gateway function not started")
+        if not self._bound and scope["type"] == "http":
+            self._ctx.waiters.bind(asyncio.get_running_loop())
+            self._bound = True
         await self._app(scope, receive, send)
 
 

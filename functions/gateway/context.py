@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from eventing import topics
 from eventing.bus import EventPublisher
@@ -32,6 +32,8 @@ class GatewayContext:
     models: ModelDirectory
     waiters: FutureWaiters = field(default_factory=FutureWaiters)
     key_tenants: dict[str, str] = field(default_factory=dict)  # sha256(key) -> tenant
+    # The store's wake-up channel (LISTEN/NOTIFY on PostgreSQL): reaches every gateway replica.
+    notifier: Optional[Any] = None
 
     @classmethod
     def hash_key(cls, api_key: str) -> str:
@@ -50,6 +52,14 @@ class GatewayContext:
             # publish it (broker down). Finish that now rather than leave its future hanging.
             self.republish_outbox()
         return appended
+
+    def announce(self, ids: list[str]) -> None:
+        """Wake the long-polls watching these ids in every gateway replica: this one at once,
+        the others through the notifier (a retrieve_futures held on another replica must hear
+        of a sample submitted here, or it notices only when its long-poll window ends)."""
+        self.waiters.notify(ids)
+        if self.notifier is not None:
+            self.notifier.notify(ids)
 
     def republish_outbox(self) -> int:
         pending = self.store.unpublished()

@@ -7,7 +7,8 @@ import sys
 import openrl_core
 
 BLOCKED = ["fastapi", "starlette", "sqlalchemy", "alembic", "kafka", "torch", "transformers", "peft",
-           "cloudevents", "httpx", "uvicorn", "psycopg", "sqlite3", "google.protobuf", "safetensors"]  # fmt: skip
+           "cloudevents", "httpx", "uvicorn", "psycopg", "sqlite3", "google.protobuf", "safetensors",
+           "kubernetes", "kmock", "yaml"]  # fmt: skip
 
 SCRIPT = """
 import importlib, importlib.abc, sys

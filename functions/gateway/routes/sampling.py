@@ -120,9 +120,9 @@ async def asample(request: Request, ctx: GatewayContext = Depends(get_ctx), tena
         dedup=dedup,
         sample_sequence_ids=sequence_ids,
     )
-    # A retrieve_futures held on this session watches only the samples it knew when it
-    # began; this wakes it to watch the new one too.
-    ctx.waiters.notify([submitted_key(session.sampling_session_id)])
+    # A retrieve_futures held on this session (on any gateway replica) watches only the
+    # samples it knew when it began; this wakes it to watch the new one too.
+    ctx.announce([submitted_key(session.sampling_session_id)])
     return future
 
 
