@@ -131,7 +131,7 @@ class SamplerWorker:
         return SamplerEngine(files, device=self.device, max_batch_rows=self.max_batch_rows)
 
     def _base_job(self, canonical: str) -> str:
-        return f"sampler/{self.instance}/{canonical}"
+        return f"{self.instance}/base/{canonical}"
 
     def _sample(self, base_model: str, events: list[Event]) -> None:
         try:
@@ -178,11 +178,11 @@ class SamplerWorker:
 
     def _run_full(self, base_model: str, run_key: str, manifest: dict, jobs, keep: set[str]) -> None:
         files = self.models.files(base_model)
-        job_name = f"sampler/{self.instance}/{run_key}"
+        job_name = self._run_job(run_key)
         if self.full_runs.get(run_key) is None:
             for old in self.full_runs.evictable(keep):
                 self.full_runs.drop(old)
-                self.slicer.unregister(f"sampler/{self.instance}/{old}")
+                self.slicer.unregister(self._run_job(old))
             self.slicer.register(job_name, parameter_count(files) * 4, self.slicer_device, parkable=True, resident=False)
 
         def prepare():
@@ -196,6 +196,9 @@ class SamplerWorker:
 
         self._run(job_name, prepare, jobs)
 
+    def _run_job(self, run_key: str) -> str:
+        return f"{self.instance}/run/{run_key}"
+
     def _manifest(self, event: Event) -> dict:
         ref = event.data.weights
         manifest = self._manifests.get(ref.sha256)
@@ -208,7 +211,7 @@ class SamplerWorker:
 
     def _park(self, job: str) -> tuple[float, int]:
         """The timeslicer asks (park thread): move a full run's copy to host memory."""
-        run_key = job.split("/", 2)[2]
+        run_key = job.split("/run/", 1)[1]
         with self._state:
             return self.full_runs.park(run_key)
 

@@ -54,7 +54,7 @@ def devices_from(
             skipped[name] = "not Ready"
         elif count <= 0:
             skipped[name] = f"no {ACCELERATOR} allocatable"
-        elif name in statuses:
+        elif name in statuses and all(d.budget_bytes is not None for d in statuses[name].devices):
             for device in statuses[name].devices:
                 if device.index < count:
                     foreign = sum(r.bytes for r in device.residents if not r.parked and not is_ours(r.job))

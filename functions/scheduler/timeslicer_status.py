@@ -4,7 +4,10 @@ The timeslicer daemon (`openrl timeslicer … --http-port 9465`) reports each ac
 arbitrates: its memory budget, the bytes resident, the current lease holder, the waiters
 and the resident jobs (parked or not). The scheduler uses the budget as the device's
 capacity and counts residents it did not place as reserved memory. A body of another shape
-is refused with what was wrong (`TimeslicerStatusError`), never half-read.
+is refused with what was wrong (`TimeslicerStatusError`), never half-read; fields this
+reader does not know (the daemon also reports duty cycle, switches, uptime...) are ignored,
+so a newer daemon does not break an older scheduler. A worker's jobs are named
+`<worker instance>/<what>` (its pod name first), which is how the scheduler recognises its own.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ class TimeslicerStatusError(ServerError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
 
 class Holder(_Strict):
@@ -44,7 +47,7 @@ class Resident(_Strict):
 
 class DeviceStatus(_Strict):
     device: str
-    budget_bytes: int = Field(ge=0)
+    budget_bytes: Optional[int] = Field(None, ge=0)  # None: the daemon enforces no limit
     resident_bytes: int = Field(ge=0)
     holder: Optional[Holder] = None
     waiters: list[Waiter] = []
@@ -63,8 +66,13 @@ class DeviceStatus(_Strict):
         return int(self.device.partition(":")[2])
 
     def foreign_bytes(self, ours: set[str]) -> int:
-        """Resident bytes of jobs the scheduler did not place (parked ones hold no device memory)."""
-        return sum(r.bytes for r in self.residents if not r.parked and r.job not in ours)
+        """Resident bytes of jobs the scheduler did not place (parked ones hold no device memory).
+        `ours` are worker names; a job belongs to a worker when it is named `<worker>/...`."""
+        return sum(r.bytes for r in self.residents if not r.parked and not owned_by(r.job, ours))
+
+
+def owned_by(job: str, workers) -> bool:
+    return any(job == worker or job.startswith(worker + "/") or job.startswith(worker + "-") for worker in workers)
 
 
 class NodeStatus(_Strict):

@@ -60,10 +60,6 @@ class TrainerOptions:
     delta_max_share: float = 0.5
 
 
-def job_of(model_id: str) -> str:
-    return f"train/{model_id}"
-
-
 class TrainerWorker:
     def __init__(
         self,
@@ -193,9 +189,9 @@ class TrainerWorker:
     def _execute(self, event: Event, handler: Callable[[Event], dict], model_id: str, after=None, create=None) -> bool:
         """Run one request in a turn of its model's job; emit its completion or failure."""
         try:
-            if create is not None and not self.slicer.registered(job_of(model_id)):
+            if create is not None and not self.slicer.registered(self._job(model_id)):
                 self._register(model_id, *create)
-            with self.slicer.turn(job_of(model_id)) as turn:
+            with self.slicer.turn(self._job(model_id)) as turn:
                 with self._state:
                     self._ensure_resident(model_id, turn)
                     outcome = handler(event)
@@ -239,7 +235,7 @@ class TrainerWorker:
 
             engine = TrainerEngine(self.models.files(base_model), device=self.device)
             # The frozen base is resident for as long as this worker lives: it never parks.
-            self.slicer.register(f"trainer-base/{self.instance}/{key}", engine.base_bytes(), self.slicer_device, parkable=False, resident=True)
+            self.slicer.register(f"{self.instance}/base/{key}", engine.base_bytes(), self.slicer_device, parkable=False, resident=True)
             self._lora[key] = engine
         return self._lora[key]
 
@@ -257,6 +253,11 @@ class TrainerWorker:
     def _engine(self, slot: ModelSlot):
         return self.full_engine(slot.base_model) if slot.full else self.engine(slot.base_model)
 
+    def _job(self, model_id: str) -> str:
+        """A model's timeslicer job: named after this worker (its pod name first, which is how
+        the scheduler knows its own) so a replacement with the same identity takes it over."""
+        return f"{self.instance}/model/{model_id}"
+
     def _register(self, model_id: str, full: bool, base_model: str, lora=None) -> None:
         if full:
             nbytes = self.full_engine(base_model).state_bytes_estimate()
@@ -264,7 +265,7 @@ class TrainerWorker:
             from openrl_core.params import LoraConfig
 
             nbytes = self.engine(base_model).adapter_bytes_estimate(lora or LoraConfig(rank=32))
-        self.slicer.register(job_of(model_id), nbytes, self.slicer_device, parkable=True, resident=False)
+        self.slicer.register(self._job(model_id), nbytes, self.slicer_device, parkable=True, resident=False)
 
     def _ensure_resident(self, model_id: str, turn) -> None:
         slot = self.slots.get(model_id)
@@ -273,11 +274,11 @@ class TrainerWorker:
         engine = self._engine(slot)
         if engine.is_parked(model_id):
             seconds, nbytes = engine.restore(model_id)
-            self.slicer.report_restored(job_of(model_id), seconds, nbytes)
+            self.slicer.report_restored(self._job(model_id), seconds, nbytes)
 
     def _park(self, job: str) -> tuple[float, int]:
         """The timeslicer asks: move this model's state to host memory (park thread)."""
-        model_id = job.split("/", 1)[1]
+        model_id = job.split("/model/", 1)[1]
         with self._state:
             slot = self.slots.get(model_id)
             if slot is None:
@@ -315,9 +316,9 @@ class TrainerWorker:
         if locked:
             load()
         else:
-            if not self.slicer.registered(job_of(model_id)):
+            if not self.slicer.registered(self._job(model_id)):
                 self._register(model_id, full, snapshot.base_model, snapshot.lora_config)
-            with self.slicer.turn(job_of(model_id)):
+            with self.slicer.turn(self._job(model_id)):
                 with self._state:
                     load()
         slot = ModelSlot(

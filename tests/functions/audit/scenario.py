@@ -63,12 +63,13 @@ class Stream:
         payload = sess.SessionCreated(session_id=self.session, sdk_version="0.38.0")
         return self.emit(sess.SESSION_CREATED, payload, t=t, source=GATEWAY, key=self.session, stream="control")
 
-    def create_model(self, request_id: str, t: float) -> Event:
+    def create_model(self, request_id: str, t: float, full: bool = False) -> Event:
         payload = te.CreateModelRequested(
             request_id=request_id, session_id=self.session, model_id=self.model, model_seq_id=0, base_model=BASE,
-            lora_config=LoraConfig(rank=8),
+            lora_config=LoraConfig(rank=8), full_finetune=full,
         )  # fmt: skip
-        return self.emit(te.CREATE_MODEL["requested"], payload, t=t, source=GATEWAY, key=self.model, stream="training")
+        stream = "training-full" if full else "training"
+        return self.emit(te.CREATE_MODEL["requested"], payload, t=t, source=GATEWAY, key=self.model, stream=stream)
 
     def forward_backward(self, request_id: str, t: float, lengths=(5, 7), forward_only: bool = False) -> Event:
         self._seq += 1

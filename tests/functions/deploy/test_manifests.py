@@ -15,9 +15,6 @@ from openrl_core.settings import Settings
 from openrl_core.workload import WorkerSpec
 from tests.functions.deploy.schema_check import problems
 
-# The timeslicer's socket setting arrives with the timeslicer (issue 11); until then the
-# manifests may name it although this build's Settings does not have the field yet.
-UPCOMING_SETTINGS = {"OPENRL_TIMESLICER_SOCKET"}
 DEPLOYMENTS = {
     "single-node": dict(overlays=["single-node"]),
     "distributed": dict(overlays=["distributed"]),
@@ -121,7 +118,8 @@ def test_kafka_sources_are_ordered_with_backoff_and_a_dead_letter_sink_that_exis
     sources = [o for o in objects if o["kind"] == "KafkaSource"]
     assert sorted(s["metadata"]["name"] for s in sources) == ["openrl-audit", "openrl-metrics"]
     every_topic = topic_names(["alice", "bob"], [TINY_QWEN3, SMOLLM2_135M])
-    assert len(every_topic) == 2 * (2 * 2 + 2)  # per tenant: training and sampling per model, completions, control
+    # per tenant: training, training-full and sampling per model, then completions and control
+    assert len(every_topic) == 2 * (3 * 2 + 2)
     for source in sources:
         spec = source["spec"]
         assert spec["ordering"] == "ordered" and spec["topics"] == every_topic
@@ -157,7 +155,7 @@ def test_settings_image_namespace_and_labels_are_filled_in():
             assert obj["data"]["OPENRL_SCHEDULER_BASE_MODELS"] == obj["data"]["OPENRL_MODELS"]
             assert obj["data"]["OPENRL_DEVICE"] == "cuda"
     fields = {f"OPENRL_{name.upper()}" for name in Settings.model_fields}
-    assert keys - fields <= UPCOMING_SETTINGS, keys - fields - UPCOMING_SETTINGS
+    assert keys <= fields, keys - fields
 
 
 def test_workers_are_templates_for_the_scheduler_not_applied():

@@ -1,27 +1,12 @@
-"""A stand-in for the node timeslicer's HTTP status endpoint, until the daemon (issue 11) is in this tree.
-
-It serves `GET /status` with JSON of exactly the shape the daemon's interface promises
-(node, policy, devices with budget, resident bytes, holder, waiters, residents) and
-`GET /healthz`, on a loopback address of the test's choosing. Tests that use it say so;
-they switch to the real `openrl timeslicer` once it lands.
-"""
+"""A plain HTTP server answering `GET /status` with a fixed body: for status shapes the real
+daemon (`tests/functions/scheduler/node_timeslicer.py`) never produces, such as fields a newer
+daemon version would add."""
 
 from __future__ import annotations
 
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-
-def device(index: int, budget: int, residents=(), holder=None, waiters=()) -> dict:
-    return {
-        "device": f"cuda:{index}",
-        "budget_bytes": budget,
-        "resident_bytes": sum(r["bytes"] for r in residents if not r["parked"]),
-        "holder": holder,
-        "waiters": list(waiters),
-        "residents": list(residents),
-    }
 
 
 class StandinTimeslicer:

@@ -1,9 +1,6 @@
-"""The scheduler against kmock (the API), a real event store and log, and stand-in timeslicers on loopback.
-
-The timeslicer's /status is served by `standin_timeslicer` (the daemon lands with issue 11).
-Full fine-tuning runs are made by setting `is_lora = false` on a run's row, as the full-FT
-projection (issue 11) will; everything else is the real code path.
-"""
+"""The scheduler against kmock (the API), a real event store and log, and a real node
+timeslicer daemon on a loopback address (its /status read over HTTP, its residents real
+worker clients). Full fine-tuning runs are created by their create_model event."""
 
 from __future__ import annotations
 
@@ -11,7 +8,6 @@ from datetime import timedelta
 
 import pytest
 import yaml
-from sqlalchemy import update
 
 from eventing.blobs import BlobStore
 from eventing.bus import EventPublisher
@@ -33,7 +29,7 @@ from openrl_core.events import sessions as sess
 from openrl_core.settings import Settings
 from openrl_core.workload import WorkerSpec
 from tests.functions.audit.scenario import GATEWAY, T0, Stream
-from tests.functions.scheduler.standin_timeslicer import StandinTimeslicer, device
+from tests.functions.scheduler.node_timeslicer import NodeTimeslicer
 
 GiB = 1 << 30
 TRAINER, SAMPLER = WorkerSpec("trainer", TINY_QWEN3), WorkerSpec("sampler", TINY_QWEN3)
@@ -56,8 +52,7 @@ def rig(kube, tmp_path):
     database.upgrade(engine)
     codec = Codec(BlobStore(tmp_path / "blobs"))
     store, log = EventStore(engine, codec), EmbeddedLog(tmp_path / "log.db", fsync=False)
-    status = {"node": "gpu-a", "policy": "lrs", "devices": [device(0, 6 * GiB), device(1, 6 * GiB)]}
-    with StandinTimeslicer("127.0.0.2", status) as daemon:
+    with NodeTimeslicer("127.0.0.2", "gpu-a", {"cuda:0": 6 * GiB, "cuda:1": 6 * GiB}) as daemon:
         kube.api.create(node("gpu-a", gpus=2))
         kube.api.create(node("cpu-only", gpus=0))
         kube.api.create(timeslicer_pod("gpu-a", "127.0.0.2"))
@@ -164,10 +159,8 @@ def test_the_last_session_finishing_releases_at_once_and_a_full_runs_trainer_is_
     rig.append(session_with_run_and_sampler(Stream("alice", session="s1"), t=0))
     full = Stream("alice", session="s2")
     full.session_created(t=0)
-    full.completed(full.create_model("full-create", t=1), 2, {"model_id": full.model})
+    full.completed(full.create_model("full-create", t=1, full=True), 2, {"model_id": full.model})
     rig.append(full.events)
-    with rig.store.engine.begin() as conn:  # what the full fine-tuning projection will write
-        conn.execute(update(t.training_runs).where(t.training_runs.c.model_id == full.model).values(is_lora=False))
     full_trainer = WorkerSpec("trainer", TINY_QWEN3, model_id=full.model)
     scheduler = rig.scheduler(scheduler_full_finetune_factor=2.5)
     rig.clock.at(minutes=1)
@@ -232,7 +225,7 @@ def test_spread_gives_each_worker_its_own_device_and_foreign_residents_take_room
     for spec in (TRAINER, SAMPLER):
         rig.kube.api.delete(STS, spec.name, "openrl")
     # another job (not ours) holds 5 of device 0's 6 GiB: binpack now uses device 1
-    rig.daemon.status["devices"][0] = device(0, 6 * GiB, residents=[{"job": "other-team", "bytes": 5 * GiB, "parked": False}])
+    rig.daemon.worker("other-team").register("other-team/model/x", 5 * GiB, "cuda:0", resident=True)
     rig.scheduler().reconcile()
     assert {env_of(rig.worker(s))["NVIDIA_VISIBLE_DEVICES"] for s in (TRAINER, SAMPLER)} == {"1"}
 
