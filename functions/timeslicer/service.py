@@ -63,6 +63,9 @@ class SlicerService:
         self._workers: dict[str, str] = {}
         self._pending: dict[tuple[str, str], int] = {}  # (owner, request) -> the acquire's message id
         self._owners = itertools.count(1)
+        # per device: parks and restores as workers report them (count, seconds, bytes)
+        self._moves = {d: {"parks": 0, "park_seconds": 0.0, "park_bytes": 0, "restores": 0, "restore_seconds": 0.0,
+                           "restore_bytes": 0} for d in budgets}  # fmt: skip
         self.registry = CollectorRegistry(auto_describe=True)
         self._metrics()
 
@@ -170,16 +173,22 @@ class SlicerService:
         job = _text(message, "job")
         device = self._device_of(job)
         self._deliver(self.core.parked(owner, job, self.clock()))
-        self.m_park_seconds.labels(device).observe(float(message.get("seconds", 0.0)))
-        self.m_park_bytes.labels(device).inc(_int(message, "bytes", 0))
+        self._moved(device, "park", float(message.get("seconds", 0.0)), _int(message, "bytes", 0))
         return {}
 
     def _restored(self, owner: str, message: dict) -> dict:
         job = _text(message, "job")
-        device = self._device_of(job)
-        self.m_restore_seconds.labels(device).observe(float(message.get("seconds", 0.0)))
-        self.m_restore_bytes.labels(device).inc(_int(message, "bytes", 0))
+        self._moved(self._device_of(job), "restore", float(message.get("seconds", 0.0)), _int(message, "bytes", 0))
         return {}
+
+    def _moved(self, device: str, kind: str, seconds: float, nbytes: int) -> None:
+        {"park": self.m_park_seconds, "restore": self.m_restore_seconds}[kind].labels(device).observe(seconds)
+        {"park": self.m_park_bytes, "restore": self.m_restore_bytes}[kind].labels(device).inc(nbytes)
+        moves = self._moves.get(device)
+        if moves is not None:
+            moves[f"{kind}s"] += 1
+            moves[f"{kind}_seconds"] += seconds
+            moves[f"{kind}_bytes"] += nbytes
 
     def _unregister(self, owner: str, message: dict) -> dict:
         self._deliver(self.core.unregister(owner, _text(message, "job"), self.clock()))
@@ -214,6 +223,7 @@ class SlicerService:
                     entry["worker"] = owners.get(entry["job"])
                 uptime = max(now - self.started, 1e-9)
                 device["duty_cycle"] = device["busy_seconds"] / uptime
+                device.update(self._moves.get(device["device"], {}))
             return {
                 "node": self.node,
                 "policy": self.core.policy.value,
