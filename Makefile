@@ -39,6 +39,8 @@ bench: install
 	$(PY) bench/sampling_roundtrip.py
 	$(PY) bench/futures_throughput.py
 	$(PY) bench/replay_speed.py
+	$(PY) bench/timesliced_rl.py
+	$(PY) bench/delta_sync.py
 
 # Runs every public tinker SDK method against a live server and rewrites docs/compatibility.md
 # from the cases (tests/e2e/test_sdk_surface.py); the test suite fails when the file is stale.

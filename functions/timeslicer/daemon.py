@@ -55,7 +55,8 @@ class Daemon:
             http = await asyncio.start_server(self._http, self.http_host, self.http_port)
             self.bound_http_port = http.sockets[0].getsockname()[1]
         ticker = asyncio.create_task(self._tick())
-        log.info("timeslicer on %s (http %s), devices %s", self.socket_path, self.bound_http_port, self.service.status()["devices"])
+        budgets = {d["device"]: d["budget_bytes"] for d in self.service.status()["devices"]}
+        log.info("timeslicer on %s (http %s), budgets %s", self.socket_path, self.bound_http_port, budgets)
         self.ready.set()
         try:
             await self._stop.wait()
