@@ -34,7 +34,9 @@ JOBS = [
     {"name": "full-B", "key": "tml-bench-alice", "full": True, "seed": 22},
     {"name": "lora-C", "key": "tml-bench-bob", "full": False, "seed": 33},
 ]
-GROUP, PROMPTS, MAX_TOKENS = 4, 2, 8
+# One sampling request per step (a prompt and its group): a request is sampled in a batch of its
+# own, so its tokens and logprobs do not depend on what else the sampler had queued.
+GROUP, PROMPTS, MAX_TOKENS = 8, 1, 8
 BATCH_LENGTH = 96  # tokens per training sequence: prompt + completion, padded by repeating the prompt
 
 
@@ -53,22 +55,26 @@ def run_job(url: str, job: dict, steps: int, env_seconds: float, out: dict) -> N
     rng = np.random.default_rng(job["seed"])
     prompts = [rng.integers(100, 5000, size=BATCH_LENGTH - MAX_TOKENS).tolist() for _ in range(PROMPTS)]
     sampler = training.save_weights_and_get_sampling_client().result()
-    curve, step_times = [], []
+    curve, step_times, phases = [], [], []
     for step in range(steps):
         started = time.perf_counter()
+        marks = {"sample": time.time()}
         futures = [
             sampler.sample(types.ModelInput.from_ints(p), num_samples=GROUP,
                            sampling_params=types.SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, seed=job["seed"] * 1000 + step * 10 + i))
             for i, p in enumerate(prompts)
         ]  # fmt: skip
         results = [f.result() for f in futures]
+        marks["grade"] = time.time()
         time.sleep(env_seconds)  # the environment grades the batch elsewhere
-        data, rewards = [], []
+        marks["train"] = time.time()
+        data, rewards, sampled_logprob = [], [], 0.0
         for prompt, result in zip(prompts, results):
             group = [grade(seq.tokens) for seq in result.sequences]
             baseline = sum(group) / len(group)
             rewards += group
             for seq, reward in zip(result.sequences, group):
+                sampled_logprob += sum(seq.logprobs)
                 tokens = prompt + seq.tokens
                 n, ob = len(tokens) - 1, len(prompt) - 1
                 logprobs = [0.0] * ob + list(seq.logprobs)
@@ -77,12 +83,16 @@ def run_job(url: str, job: dict, steps: int, env_seconds: float, out: dict) -> N
                                         loss_fn_inputs={"target_tokens": tokens[1:], "logprobs": logprobs[:n], "advantages": advantages[:n]}))  # fmt: skip
         fb = training.forward_backward(data, "importance_sampling")
         opt = training.optim_step(types.AdamParams(learning_rate=1e-4 if job["full"] else 1e-3))
-        loss = fb.result().metrics["loss:sum"]
+        trained = fb.result()
+        loss = trained.metrics["loss:sum"]
+        train_logprob = float(sum(out["logprobs"].to_numpy().astype(np.float64).sum() for out in trained.loss_fn_outputs))
         opt.result()
         sampler = training.save_weights_and_get_sampling_client().result()
-        curve.append({"loss": loss, "reward": float(np.mean(rewards))})
+        marks["done"] = time.time()
+        phases.append(marks)
+        curve.append({"loss": loss, "reward": float(np.mean(rewards)), "sampled_logprob": sampled_logprob, "train_logprob": train_logprob})
         step_times.append(time.perf_counter() - started)
-    out[job["name"]] = {"curve": curve, "step_seconds": step_times}
+    out[job["name"]] = {"curve": curve, "step_seconds": step_times, "phases": phases}
     service.close("success").result()
 
 
@@ -92,8 +102,14 @@ def status(socket: Path) -> dict:
     return _ask(socket, {"op": "status", "id": 1})["status"]["devices"][0]
 
 
+def timeline(socket: Path, since: float) -> list[dict]:
+    from functions.timeslicer.cli import _ask
+
+    return next(iter(_ask(socket, {"op": "timeline", "id": 1, "since": since})["timeline"].values()))
+
+
 def measure(url: str, socket: Path, jobs: list[dict], steps: int, env_seconds: float, concurrent: bool) -> dict:
-    before, started = status(socket), time.perf_counter()
+    before, started, wall_start = status(socket), time.perf_counter(), time.time()
     out: dict = {}
     if concurrent:
         threads = [threading.Thread(target=run_job, args=(url, job, steps, env_seconds, out)) for job in jobs]
@@ -108,7 +124,8 @@ def measure(url: str, socket: Path, jobs: list[dict], steps: int, env_seconds: f
     after = status(socket)
     delta = {k: after[k] - before[k] for k in ("busy_seconds", "switches", "parks", "park_seconds", "park_bytes",
                                                "restores", "restore_seconds", "restore_bytes")}  # fmt: skip
-    return {"wall": wall, "duty_cycle": delta["busy_seconds"] / wall, **delta, "jobs": out}
+    return {"wall": wall, "duty_cycle": delta["busy_seconds"] / wall, **delta, "jobs": out,
+            "window": [wall_start, wall_start + wall], "timeline": timeline(socket, wall_start)}  # fmt: skip
 
 
 def calibrate(url: str) -> float:

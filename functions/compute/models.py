@@ -92,7 +92,17 @@ def load_causal_lm(files: ModelFiles, dtype=None, device: str = "cpu"):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(files.path, dtype=dtype or torch.float32, local_files_only=True)
-    return model.to(device)
+    model = model.to(device)
+    if torch.device(device).type == "cpu":
+        # Weights loaded from safetensors sit wherever the file put them (often not 64-byte
+        # aligned), and MKL's single-row products (a sampler's logits) round differently at
+        # another alignment. Parking moves tensors into fresh, aligned allocations, so without
+        # this a parked-and-restored model would compute other bits than one never parked.
+        # Every parameter and buffer gets its own aligned copy (tied weights stay tied).
+        with torch.no_grad():
+            for tensor in [*model.parameters(), *model.buffers()]:
+                tensor.data = tensor.data.clone(memory_format=torch.contiguous_format)
+    return model
 
 
 def parameter_count(files: ModelFiles) -> int:

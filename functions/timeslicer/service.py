@@ -13,7 +13,7 @@ Protocol (JSON objects, one per line; `docs/timeslicer.md` is the reference):
                                       {"id": 3, "ok": true, "lease_id", "lease_seconds", "restore", "device"}
     {"op": "cancel", "id": 4, "request": 3}   {"op": "renew"|"release"|"validate", "id", "lease_id"}
     {"op": "parked"|"restored", "id", "job", "seconds", "bytes"}   {"op": "unregister", "id", "job"}
-    {"op": "status", "id"}
+    {"op": "status", "id"}   {"op": "timeline", "id", "since": unix seconds}
     pushes: {"push": "park", "job"}   {"push": "revoked", "lease_id", "job", "reason"}
 Errors: {"id": ..., "ok": false, "error": "...", "code": 400|404|409}.
 """
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections import deque
 import socket
 import threading
 import time
@@ -34,6 +35,7 @@ from openrl_core.timeslice import AskPark, Effect, Grant, LeaseEnded, Policy, Re
 
 log = logging.getLogger(__name__)
 Sink = Callable[[dict], None]
+TIMELINE = 4096  # leases and parks remembered per device, for `timeline` (dashboards, benchmarks)
 SECONDS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
 
@@ -66,6 +68,8 @@ class SlicerService:
         # per device: parks and restores as workers report them (count, seconds, bytes)
         self._moves = {d: {"parks": 0, "park_seconds": 0.0, "park_bytes": 0, "restores": 0, "restore_seconds": 0.0,
                            "restore_bytes": 0} for d in budgets}  # fmt: skip
+        # Who held each device when, and when jobs parked: wall-clock (unix) seconds.
+        self._timeline: dict[str, deque] = {d: deque(maxlen=TIMELINE) for d in budgets}
         self.registry = CollectorRegistry(auto_describe=True)
         self._metrics()
 
@@ -173,15 +177,25 @@ class SlicerService:
         job = _text(message, "job")
         device = self._device_of(job)
         self._deliver(self.core.parked(owner, job, self.clock()))
-        self._moved(device, "park", float(message.get("seconds", 0.0)), _int(message, "bytes", 0))
+        self._moved(device, "park", float(message.get("seconds", 0.0)), _int(message, "bytes", 0), job)
         return {}
 
     def _restored(self, owner: str, message: dict) -> dict:
         job = _text(message, "job")
-        self._moved(self._device_of(job), "restore", float(message.get("seconds", 0.0)), _int(message, "bytes", 0))
+        self._moved(self._device_of(job), "restore", float(message.get("seconds", 0.0)), _int(message, "bytes", 0), job)
         return {}
 
-    def _moved(self, device: str, kind: str, seconds: float, nbytes: int) -> None:
+    def _timeline_op(self, owner: str, message: dict) -> dict:
+        since = float(message.get("since", 0.0))
+        return {"timeline": {d: [e for e in entries if e["end"] >= since] for d, entries in self._timeline.items()}}
+
+    def _record(self, device: str, entry: dict) -> None:
+        if device in self._timeline:
+            self._timeline[device].append(entry)
+
+    def _moved(self, device: str, kind: str, seconds: float, nbytes: int, job: str) -> None:
+        end = time.time()
+        self._record(device, {"kind": kind, "job": job, "start": end - seconds, "end": end, "bytes": nbytes})
         {"park": self.m_park_seconds, "restore": self.m_restore_seconds}[kind].labels(device).observe(seconds)
         {"park": self.m_park_bytes, "restore": self.m_restore_bytes}[kind].labels(device).inc(nbytes)
         moves = self._moves.get(device)
@@ -209,6 +223,7 @@ class SlicerService:
         "restored": _restored,
         "unregister": _unregister,
         "status": _status,
+        "timeline": _timeline_op,
     }
 
     # -- views -----------------------------------------------------------------------------
@@ -274,6 +289,9 @@ class SlicerService:
                 self._send(effect.owner, {"push": "park", "job": effect.job, "device": effect.device})
             elif isinstance(effect, LeaseEnded):
                 self.m_hold.labels(effect.device).observe(effect.held)
+                end = time.time()
+                self._record(effect.device, {"kind": "lease", "job": effect.job, "lease_id": effect.lease_id,
+                                             "start": end - effect.held, "end": end, "reason": effect.reason})  # fmt: skip
                 if effect.reason == "expired":
                     self.m_expiries.labels(effect.device).inc()
                 if effect.reason != "released":

@@ -165,3 +165,26 @@ def test_checksums_match_an_independent_recount():
 
     bits = {k: v.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16) for k, v in params.items()}
     assert link.checksum == delta.checksum(bits)
+
+
+def test_loaded_weights_are_aligned_so_parking_does_not_change_the_samplers_bits(tiny_files):
+    """MKL's single-row products (a sampler's last-position logits) round differently for
+    weights at another alignment; parking re-allocates (64-byte aligned), so loaded weights
+    must already be aligned, or a parked-and-restored copy would sample other logprobs."""
+    from functions.compute.models import load_causal_lm
+    from functions.sampler.engine import SamplerEngine
+    from functions.sampler.full_runs import FullRunCopies
+    from functions.sampler.types import SampleJob
+    from openrl_core.params import SamplingParams
+
+    model = load_causal_lm(tiny_files)
+    assert {p.data_ptr() % 64 for p in model.parameters()} == {0}
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight, "still tied"
+    copies = FullRunCopies(lambda files: SamplerEngine(files), 2)
+    copy = copies.create("alice:run", tiny_files, "bfloat16")
+    job = SampleJob(prompt_tokens=list(range(100, 160)), num_samples=4, params=SamplingParams(max_tokens=4, temperature=1.0, seed=3))
+    before = [s.logprobs for s in copy.engine.sample([job])[0].sequences]
+    copies.park("alice:run")
+    assert all(p.numel() == 0 for p in copy.receiver.params.values())
+    copies.restore("alice:run")
+    assert [s.logprobs for s in copy.engine.sample([job])[0].sequences] == before
