@@ -5,7 +5,9 @@ Qwen3 model, through the real tinker SDK against one `openrl serve` whose timesl
 memory budget smaller than the three jobs' device state together (so jobs park). Each RL step
 samples a group (seeded), grades it in an "environment" that takes about twice a training
 step's compute (a sleep standing for a judge or a sandbox elsewhere), trains with
-importance_sampling and publishes the new weights to its sampler (a delta for full runs).
+importance_sampling (AdamW, lr 1e-5 full, 1e-3 LoRA) and publishes the new weights to its
+sampler (a sparse delta for full runs), the three requests submitted together as an async
+RL loop does.
 
 (a) one after another: each job alone in turn; (b) at once: the three concurrently. Reported
 from the timeslicer: accelerator duty cycle (share of the wall time some job held the device),
@@ -81,13 +83,15 @@ def run_job(url: str, job: dict, steps: int, env_seconds: float, out: dict) -> N
                 advantages = [0.0] * ob + [reward - baseline] * len(seq.tokens)
                 data.append(types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
                                         loss_fn_inputs={"target_tokens": tokens[1:], "logprobs": logprobs[:n], "advantages": advantages[:n]}))  # fmt: skip
+        # submitted together, as an async RL loop does: the trainer runs them in one turn
         fb = training.forward_backward(data, "importance_sampling")
-        opt = training.optim_step(types.AdamParams(learning_rate=1e-4 if job["full"] else 1e-3))
+        opt = training.optim_step(types.AdamParams(learning_rate=1e-5 if job["full"] else 1e-3))
+        next_sampler = training.save_weights_and_get_sampling_client()
         trained = fb.result()
         loss = trained.metrics["loss:sum"]
         train_logprob = float(sum(out["logprobs"].to_numpy().astype(np.float64).sum() for out in trained.loss_fn_outputs))
         opt.result()
-        sampler = training.save_weights_and_get_sampling_client().result()
+        sampler = next_sampler.result()
         marks["done"] = time.time()
         phases.append(marks)
         curve.append({"loss": loss, "reward": float(np.mean(rewards)), "sampled_logprob": sampled_logprob, "train_logprob": train_logprob})
@@ -153,6 +157,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--budget", default="700MiB", help="the accelerator memory budget (smaller than the three jobs' state)")
+    parser.add_argument("--affinity", type=float, default=None, help="OPENRL_TIMESLICER_AFFINITY_SECONDS (default: the setting's)")
+    parser.add_argument("--policy", default="lrs", choices=("fifo", "lrs"))
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     args = parser.parse_args()
 
@@ -160,7 +166,9 @@ def main() -> None:
     from functions.timeslicer.setup import UNIX_PATH_MAX
 
     data_dir = Path(tempfile.mkdtemp(prefix="openrl-ts-bench-"))
-    env = {"OPENRL_ACCELERATOR_MEMORY": args.budget, "OPENRL_TIMESLICER_POLICY": "lrs", "OPENRL_SNAPSHOT_EVERY_STEPS": "0"}
+    env = {"OPENRL_ACCELERATOR_MEMORY": args.budget, "OPENRL_TIMESLICER_POLICY": args.policy, "OPENRL_SNAPSHOT_EVERY_STEPS": "0"}
+    if args.affinity is not None:
+        env["OPENRL_TIMESLICER_AFFINITY_SECONDS"] = str(args.affinity)
     server = LocalServer(data_dir, [MODEL], KEYS, extra_env=env).wait_ready()
     socket = data_dir.resolve() / "timeslicer.sock"
     assert len(str(socket)) <= UNIX_PATH_MAX
@@ -175,7 +183,7 @@ def main() -> None:
     finally:
         server.stop()
 
-    print(f"\nbudget {args.budget}; per job {args.steps} RL steps of {PROMPTS} prompts x {GROUP} samples x {MAX_TOKENS} tokens")
+    print(f"\nbudget {args.budget}, policy {args.policy}, affinity {args.affinity if args.affinity is not None else 'default'}; per job {args.steps} RL steps of {PROMPTS} prompts x {GROUP} samples x {MAX_TOKENS} tokens")
     print(f"resident jobs at the end: " + ", ".join(f"{r['job'].split('/', 1)[1]} {r['bytes'] / 2**20:.0f} MiB"
                                                    f"{' (parked)' if r['parked'] else ''}" for r in final["residents"]))  # fmt: skip
     print(f"\n{'':<24}{'one after another':>20}{'at once':>14}{'ratio':>10}")

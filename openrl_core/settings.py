@@ -125,6 +125,13 @@ class Settings(BaseSettings):
     )
     lease_seconds: float = Field(10.0, gt=0, le=600, description="a turn's lease lifetime; holders renew it every third")
     timeslicer_aging_seconds: float = Field(30.0, gt=0, description="a waiter older than this is served first")
+    timeslicer_affinity_seconds: float = Field(
+        0.1,
+        ge=0,
+        description="after a run's turn, how long the device waits for that run's next request (its step is several "
+        "requests) before serving another run; 0 turns affinity off",
+    )
+    timeslicer_quantum_seconds: float = Field(10.0, gt=0, description="longest a run is served in a row through affinity")
     timeslicer_http_port: int = Field(9465, ge=0, le=65535, description="port of the daemon's /metrics, /status, /healthz")
     full_finetune_models: Annotated[list[str], NoDecode] = Field(
         default_factory=list,

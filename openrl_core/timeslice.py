@@ -30,6 +30,13 @@ Invariants:
 - Registering a job id that another owner holds takes it over (a replacement worker with
   the same identity): the old owner's lease on it is revoked and its waiters refused, so
   a paused-then-resumed old owner cannot get a new turn for it.
+- Affinity: jobs may name a group (one training run: its trainer job and its sampler's
+  copy). When a job of a group releases, the device waits up to `affinity_seconds` for the
+  group's next request (an RL step is several requests: forward_backward, optim_step,
+  save, sample), and serves the group's waiters first, for at most `quantum_seconds` in a
+  row and never past a waiter older than `aging_seconds`. Interleaving runs request by
+  request would keep them in lockstep (all of them grading while the device idles); letting
+  one run finish its step staggers them, so one grades while another trains.
 """
 
 from __future__ import annotations
@@ -102,6 +109,7 @@ class Job:
     parkable: bool
     resident: bool
     registered_at: float
+    group: Optional[str] = None
     last_served: Optional[float] = None
     parking_since: Optional[float] = None  # asked to park, no answer yet
     unresponsive: bool = False  # a park ask timed out: not asked again until it answers
@@ -138,6 +146,8 @@ class Device:
     next_up: Optional[Waiter] = None  # chosen, waiting for parks before its grant
     busy_seconds: float = 0.0  # sum of lease hold times
     switches: int = 0  # grants to a job other than the previous holder's
+    affinity: Optional[tuple[str, float]] = None  # (group, until): held for that group's next request
+    streak: Optional[tuple[str, float]] = None  # (group, since): the group being served in a row
 
 
 class Timeslicer:
@@ -149,6 +159,8 @@ class Timeslicer:
         aging_seconds: float = 30.0,
         park_timeout: float = 30.0,
         lease_floor: Callable[[], int] = lambda: 0,
+        affinity_seconds: float = 0.0,
+        quantum_seconds: float = 10.0,
     ) -> None:
         if not budgets:
             raise InvalidRequest("a timeslicer needs at least one device")
@@ -160,6 +172,8 @@ class Timeslicer:
         self.aging_seconds = aging_seconds
         self.park_timeout = park_timeout
         self.lease_floor = lease_floor
+        self.affinity_seconds = affinity_seconds
+        self.quantum_seconds = quantum_seconds
         self.jobs: dict[str, Job] = {}
         self.last_lease_id = 0
         self.expired_leases = 0
@@ -168,7 +182,15 @@ class Timeslicer:
     # -- operations ------------------------------------------------------------------------
 
     def register(
-        self, owner: str, job: str, device: str, nbytes: int, parkable: bool, resident: bool, now: float
+        self,
+        owner: str,
+        job: str,
+        device: str,
+        nbytes: int,
+        parkable: bool,
+        resident: bool,
+        now: float,
+        group: Optional[str] = None,
     ) -> list[Effect]:
         """Add a job, update its bytes, or take it over from another owner."""
         if not job:
@@ -190,9 +212,9 @@ class Timeslicer:
             effects += self._drop(existing, "taken_over", now)
             existing = None
         if existing is None:
-            self.jobs[job] = Job(job, owner, device, nbytes, parkable, resident, registered_at=now)
+            self.jobs[job] = Job(job, owner, device, nbytes, parkable, resident, registered_at=now, group=group)
         else:
-            existing.bytes, existing.parkable, existing.resident = nbytes, parkable, resident
+            existing.bytes, existing.parkable, existing.resident, existing.group = nbytes, parkable, resident, group
         return effects + self._schedule(state, now)
 
     def acquire(self, owner: str, job: str, request: str, now: float) -> list[Effect]:
@@ -323,6 +345,8 @@ class Timeslicer:
         job = self.jobs.get(lease.job)
         if job is not None and job.owner == lease.owner:
             job.last_served = now
+            if reason == "released" and job.group is not None and self.affinity_seconds > 0:
+                device.affinity = (job.group, now + self.affinity_seconds)
         return [LeaseEnded(lease.owner, lease.job, device.name, lease.lease_id, held, reason)]
 
     def _drop(self, state: Job, reason: str, now: float) -> list[Effect]:
@@ -362,6 +386,17 @@ class Timeslicer:
             order.insert(0, device.next_up)
         if not order:
             return []
+        if device.affinity is not None and device.next_up is None:
+            group, until = device.affinity
+            in_quantum = device.streak is None or device.streak[0] != group or now - device.streak[1] < self.quantum_seconds
+            aged = any(now - w.since >= self.aging_seconds for w in order)
+            same = [w for w in order if self.jobs[w.job].group == group]
+            if in_quantum and not aged and same:
+                order = same + [w for w in order if w not in same]
+            elif in_quantum and not aged and now < until:
+                return []  # the group's next request is on its way: the device waits for it
+            else:
+                device.affinity = None
         chosen = order[0]
         if self._fits(device, self.jobs[chosen.job]):
             return self._grant(device, chosen, now)
@@ -387,6 +422,9 @@ class Timeslicer:
         if self._last_job[device.name] != job.job:
             device.switches += 1
             self._last_job[device.name] = job.job
+        if job.group is None or device.streak is None or device.streak[0] != job.group:
+            device.streak = (job.group, now) if job.group is not None else None
+        device.affinity = None
         restore = not job.resident
         job.resident = True
         return [Grant(job.owner, waiter.request, job.job, device.name, lease.lease_id, self.lease_seconds, restore, now - waiter.since)]

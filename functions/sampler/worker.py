@@ -183,7 +183,9 @@ class SamplerWorker:
             for old in self.full_runs.evictable(keep):
                 self.full_runs.drop(old)
                 self.slicer.unregister(self._run_job(old))
-            self.slicer.register(job_name, parameter_count(files) * 4, self.slicer_device, parkable=True, resident=False)
+            # grouped with the run's trainer job: a run's step (train, publish, sample) stays together
+            group = run_key.split(":", 1)[1]
+            self.slicer.register(job_name, parameter_count(files) * 4, self.slicer_device, parkable=True, resident=False, group=group)
 
         def prepare():
             copy = self.full_runs.get(run_key) or self.full_runs.create(run_key, files, manifest["dtype"])

@@ -21,6 +21,7 @@ def add_parser(commands) -> None:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: the OPENRL_DEVICE setting)")
     parser.add_argument("--policy", choices=("fifo", "lrs"), default=None, help="turn order (default lrs)")
     parser.add_argument("--lease-seconds", type=float, default=None, help="lease lifetime (default 10)")
+    parser.add_argument("--affinity-seconds", type=float, default=None, help="wait for a run's next request (default 0.1; 0: off)")
     parser.add_argument("--http-host", default="0.0.0.0", help="address of /metrics, /status, /healthz")
     parser.add_argument("--http-port", type=int, default=None, help="port of /metrics, /status, /healthz (default 9465)")
     parser.add_argument("--json", action="store_true", help="status: print JSON instead of a table")
@@ -34,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
         "data_dir": args.data_dir, "timeslicer_socket": args.socket, "accelerator_memory": args.accelerator_memory,
         "accelerators": args.devices, "timeslicer_policy": args.policy, "lease_seconds": args.lease_seconds,
         "timeslicer_http_port": args.http_port, "device": args.device,
+        "timeslicer_affinity_seconds": args.affinity_seconds,
     }  # fmt: skip
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
     path = setup.socket_path(settings)

@@ -151,8 +151,12 @@ class TimeslicerClient:
     def devices(self) -> dict:
         return dict(self.info.get("devices", {}))
 
-    def register(self, job: str, nbytes: int, device: str, parkable: bool = True, resident: bool = False) -> None:
-        message = {"op": "register", "job": job, "device": device, "bytes": int(nbytes), "parkable": parkable, "resident": resident}
+    def register(
+        self, job: str, nbytes: int, device: str, parkable: bool = True, resident: bool = False, group: Optional[str] = None
+    ) -> None:
+        """`group`: the training run the job belongs to (its turns are kept together)."""
+        message = {"op": "register", "job": job, "device": device, "bytes": int(nbytes), "parkable": parkable,
+                   "resident": resident, "group": group}  # fmt: skip
         self._check(self._call(dict(message)))
         with self._lock:
             self._jobs[job] = message

@@ -8,7 +8,7 @@ sender and changes nothing, so one bad client never stops the others being serve
 
 Protocol (JSON objects, one per line; `docs/timeslicer.md` is the reference):
     {"op": "hello", "id": 1, "worker": "trainer-a"}        -> devices, policy, lease_seconds
-    {"op": "register", "id": 2, "job", "device", "bytes", "parkable", "resident"}
+    {"op": "register", "id": 2, "job", "device", "bytes", "parkable", "resident", "group"}
     {"op": "acquire", "id": 3, "job"}                      -> answered when granted:
                                       {"id": 3, "ok": true, "lease_id", "lease_seconds", "restore", "device"}
     {"op": "cancel", "id": 4, "request": 3}   {"op": "renew"|"release"|"validate", "id", "lease_id"}
@@ -55,8 +55,12 @@ class SlicerService:
         park_timeout: float = 30.0,
         node: Optional[str] = None,
         clock: Callable[[], float] = time.monotonic,
+        affinity_seconds: float = 0.0,
+        quantum_seconds: float = 10.0,
     ) -> None:
-        self.core = Timeslicer(budgets, policy, lease_seconds, aging_seconds, park_timeout, lease_floor)
+        self.core = Timeslicer(
+            budgets, policy, lease_seconds, aging_seconds, park_timeout, lease_floor, affinity_seconds, quantum_seconds
+        )
         self.node = node or socket.gethostname()
         self.clock = clock
         self.started = clock()
@@ -136,6 +140,7 @@ class SlicerService:
             bool(message.get("parkable", True)),
             bool(message.get("resident", False)),
             self.clock(),
+            group=str(message["group"]) if message.get("group") else None,
         )
         self._deliver(effects)
         return {}

@@ -58,6 +58,8 @@ def service(settings: Settings) -> SlicerService:
         policy=Policy(settings.timeslicer_policy),
         lease_seconds=settings.lease_seconds,
         aging_seconds=settings.timeslicer_aging_seconds,
+        affinity_seconds=settings.timeslicer_affinity_seconds,
+        quantum_seconds=settings.timeslicer_quantum_seconds,
     )
 
 

@@ -260,3 +260,43 @@ def test_random_schedules_keep_the_invariants(policy):
                     if budget is not None:
                         assert ts.status(now)[0]["resident_bytes"] <= budget
         assert served, trial
+
+
+def test_affinity_keeps_a_runs_next_request_ahead_and_waits_briefly_for_it():
+    ts = slicer(policy=Policy.FIFO, affinity_seconds=0.5, quantum_seconds=10)
+    ts.register("trainer", "t/model/run-a", "cpu:0", 1, True, True, 0, group="run-a")
+    ts.register("sampler", "s/run/run-a", "cpu:0", 1, True, True, 0, group="run-a")
+    ts.register("trainer", "t/model/run-b", "cpu:0", 1, True, True, 0, group="run-b")
+    first = grants(ts.acquire("trainer", "t/model/run-a", "r1", 0))[0]
+    ts.acquire("trainer", "t/model/run-b", "r2", 0.1)  # run-b waits first...
+    assert grants(ts.release("trainer", first.lease_id, 1.0)) == []  # ...but run-a's next request is expected
+    assert grants(ts.tick(1.2)) == []
+    nxt = grants(ts.acquire("sampler", "s/run/run-a", "r3", 1.3))  # it comes: its sampler, same run
+    assert [g.job for g in nxt] == ["s/run/run-a"]
+    # the run goes away (grading): after the affinity window the others are served
+    assert grants(ts.release("sampler", nxt[0].lease_id, 1.4)) == []
+    assert [g.job for g in grants(ts.tick(1.95))] == ["t/model/run-b"]
+
+
+def test_affinity_ends_with_the_quantum_and_never_passes_an_aged_waiter():
+    ts = slicer(policy=Policy.FIFO, affinity_seconds=1.0, quantum_seconds=3, aging_seconds=5)
+    ts.register("w", "a", "cpu:0", 1, True, True, 0, group="A")
+    ts.register("w", "b", "cpu:0", 1, True, True, 0, group="B")
+    lease = grants(ts.acquire("w", "a", "r", 0))[0]
+    ts.acquire("w", "b", "rb", 0.5)
+    served = []
+    for t in (1.0, 2.0, 3.0):  # run A keeps coming back
+        ts.release("w", lease.lease_id, t)
+        lease = grants(ts.acquire("w", "a", f"r{t}", t + 0.01))
+        if not lease:
+            break
+        lease = lease[0]
+        served.append(t)
+    assert served == [1.0, 2.0], "A's streak ends once it has held the device for the quantum"
+    aged = slicer(policy=Policy.FIFO, affinity_seconds=1.0, quantum_seconds=100, aging_seconds=2)
+    aged.register("w", "a", "cpu:0", 1, True, True, 0, group="A")
+    aged.register("w", "b", "cpu:0", 1, True, True, 0, group="B")
+    lease = grants(aged.acquire("w", "a", "r", 0))[0]
+    aged.acquire("w", "b", "rb", 0.1)
+    # b has waited 2.9 s, past aging: served at once, no waiting for A's next request
+    assert [g.job for g in grants(aged.release("w", lease.lease_id, 3.0))] == ["b"]
