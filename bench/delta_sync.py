@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 KEYS = "alice=tml-bench-alice"
-REPORT_AT = (1, 10, 40)
+REPORT_AT = (1, 2, 10, 40)
 
 
 def published_chain(data_dir: Path) -> list[dict]:
@@ -54,21 +54,22 @@ def published_chain(data_dir: Path) -> list[dict]:
 
 
 def time_updates(model_name: str, data_dir: Path, chain: list[dict], steps: list[int], repeats: int = 5) -> dict[int, dict]:
-    """For each step s: apply the delta s-1 -> s to a copy holding s-1, against loading s's full
-    weights (a plain safetensors file of the bf16 state) into the same copy."""
+    """For each step s, the sampler's two ways from version s-1 to s, side by side: apply the
+    published delta in place (`Receiver.update`: fetch the delta from the blob store, check
+    the base, scatter, verify the checksum), and a full reload (`Receiver.load_full`: fetch
+    the full bf16 checkpoint of version s from the blob store, verify it, copy it in)."""
     import torch
-    from safetensors.torch import load as load_safetensors
     from safetensors.torch import save as save_safetensors
 
     from eventing.blobs import BlobStore
     from functions.compute.models import ModelDirectory, load_causal_lm
-    from functions.compute.weight_sync import Receiver, read_manifest
-    from openrl_core.catalog import Catalog
+    from functions.compute.weight_sync import Link, Receiver, read_manifest
+    from openrl_core import delta
     from openrl_core.events.lifecycle import BlobRef
 
     blobs = BlobStore(data_dir / "blobs")
     fetch = lambda ref: blobs.get("alice", ref)  # noqa: E731
-    files = ModelDirectory(Catalog.from_names([model_name])).files(model_name)
+    files = ModelDirectory(Catalog_for(model_name)).files(model_name)
     model = load_causal_lm(files)
     params = dict(model.named_parameters())
     receiver = Receiver(params, "bfloat16")
@@ -77,25 +78,32 @@ def time_updates(model_name: str, data_dir: Path, chain: list[dict], steps: list
         if step < 2 or step >= len(chain) or chain[step]["kind"] != "delta":
             continue
         before, after = (read_manifest(fetch(BlobRef(**chain[i]["manifest"]))) for i in (step - 1, step))
-        delta_link = after["chain"][-1]
-        delta_bytes = fetch(delta_link.file)
-        # the full reload's input: version `step` as one plain bf16 safetensors file
         receiver.update(after, fetch)
-        full_file = save_safetensors({k: p.detach().to(torch.bfloat16) for k, p in params.items()})
+        bits = {k: p.detach().to(torch.bfloat16) for k, p in params.items()}
+        full_ref = blobs.put("alice", save_safetensors(bits))  # what a full publication of `step` would be
+        full_link = Link(after["version"], "full", None, None, after["chain"][-1].checksum, full_ref, 0, 0)
+        assert full_link.checksum == delta.checksum({k: v.view(torch.int16).numpy().view("uint16") for k, v in bits.items()})
         delta_times, reload_times = [], []
         for _ in range(repeats):
             receiver.version = None
-            receiver.update(before, fetch)  # hold step - 1 (loaded from its chain)
+            receiver.update(before, fetch)  # hold step - 1
             started = time.perf_counter()
-            receiver.apply_delta(delta_bytes, delta_link)
+            receiver.update(after, fetch)
             delta_times.append(time.perf_counter() - started)
+            assert receiver.last_update["kind"] == "delta"
+            receiver.version = None
+            receiver.update(before, fetch)
             started = time.perf_counter()
-            with torch.no_grad():
-                for name, tensor in load_safetensors(full_file).items():
-                    params[name].copy_(tensor.to(params[name].dtype))
+            receiver.load_full(fetch(full_ref), full_link)
             reload_times.append(time.perf_counter() - started)
         out[step] = {"delta_seconds": statistics.median(delta_times), "reload_seconds": statistics.median(reload_times)}
     return out
+
+
+def Catalog_for(model_name: str):
+    from openrl_core.catalog import Catalog
+
+    return Catalog.from_names([model_name])
 
 
 def main() -> None:

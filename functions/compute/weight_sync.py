@@ -17,15 +17,18 @@ unless the checksum is the publisher's. So a sampler never applies a delta to th
 base, and what it serves is bitwise what was published.
 
 Files: a full checkpoint is a plain safetensors file in the serving dtype (loadable by any
-tool); a delta is `ORLD` + header length (u32) + JSON header + one zstd frame holding, per
-tensor, its gap-encoded index planes then its value planes.
+tool); a delta is `ORLD` + header length (u32) + JSON header + a few zstd frames (so both
+ends compress and decompress on several threads) holding, per tensor, its gap-encoded index
+planes then its value planes.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import struct
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
 
@@ -39,6 +42,9 @@ from safetensors.torch import save as save_safetensors
 from openrl_core import delta
 from openrl_core.errors import InvalidRequest, ServerError
 from openrl_core.events.lifecycle import BlobRef
+
+# A few threads for applying deltas: the work is memory-bound gathers and scatters.
+_POOL = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="weight-sync")
 
 MANIFEST = "sampler_weights.json"
 MANIFEST_FORMAT = "openrl.sampler-weights.v1"
@@ -59,6 +65,49 @@ def serving_bits(tensor: torch.Tensor, dtype: str) -> torch.Tensor:
 
 def _numpy_bits(bits: torch.Tensor, dtype: str) -> np.ndarray:
     return bits.numpy().view(delta.BITS_DTYPE[dtype])
+
+
+def _balanced(items: list, shares: int, size=lambda piece: piece.count) -> list[list]:
+    """Items split into `shares` lists of about equal total size (largest first, greedy)."""
+    buckets: list[list] = [[] for _ in range(max(1, shares))]
+    totals = [0] * len(buckets)
+    for item in sorted(items, key=size, reverse=True):
+        smallest = totals.index(min(totals))
+        buckets[smallest].append(item)
+        totals[smallest] += size(item)
+    return [bucket for bucket in buckets if bucket]
+
+
+class _Target:
+    """One held tensor, read and written as serving-dtype bit patterns at flat indices.
+
+    On CPU the tensor's memory is read and written through a numpy view (numpy's fancy
+    indexing is several times faster than torch's here). A float32 tensor that holds
+    bfloat16 values keeps them exactly: their bf16 bits are the top 16 bits of the float32
+    ones, so reading is a shift and writing a shift back, no rounding anywhere.
+    """
+
+    def __init__(self, param: torch.Tensor, dtype: str) -> None:
+        self.param, self.dtype = param, dtype
+        self.cpu = param.device.type == "cpu"
+        self.upcast = dtype == "bfloat16" and param.dtype == torch.float32
+
+    def bits_at(self, indices: np.ndarray) -> np.ndarray:
+        if self.cpu and self.upcast:
+            words = self.param.detach().view(-1).numpy().view(np.uint32)
+            return (np.take(words, indices) >> np.uint32(16)).astype(np.uint16)
+        held = self.param.detach().view(-1)[torch.from_numpy(indices).to(self.param.device)]
+        return _numpy_bits(held.to(TORCH_DTYPES[self.dtype]).view(BITS_TORCH[self.dtype]).cpu(), self.dtype)
+
+    def write(self, indices: np.ndarray, bits: np.ndarray) -> None:
+        if self.cpu and self.upcast:
+            words = self.param.detach().view(-1).numpy().view(np.uint32)
+            np.put(words, indices, bits.astype(np.uint32) << np.uint32(16))
+            return
+        signed = bits.view(np.int16 if bits.dtype.itemsize == 2 else np.int32)
+        narrow = torch.from_numpy(signed.copy()).view(TORCH_DTYPES[self.dtype])
+        flat = self.param.detach().view(-1)
+        flat[torch.from_numpy(indices).to(flat.device)] = narrow.to(device=flat.device, dtype=flat.dtype)
 
 
 @dataclass
@@ -110,13 +159,21 @@ class Publication:
 # -- files -------------------------------------------------------------------------------
 
 
+FRAMES = 4  # zstd frames per delta: compressed and decompressed in parallel
+
+
 def encode_delta(header: dict, deltas: list[delta.TensorDelta]) -> bytes:
-    header = {**header, "format": DELTA_FORMAT,
-              "tensors": [{"name": d.name, "count": d.count, "index_width": d.index_width,
-                           "index_bytes": len(d.indices), "value_bytes": len(d.values)} for d in deltas]}  # fmt: skip
-    body = zstandard.ZstdCompressor(level=3).compress(b"".join(d.indices + d.values for d in deltas))
-    head = json.dumps(header, sort_keys=True).encode()
-    return DELTA_MAGIC + struct.pack("<I", len(head)) + head + body
+    frames = _balanced(deltas, FRAMES, size=lambda d: d.nbytes)
+    tensors, bodies = [], []
+    for number, frame in enumerate(frames):
+        for d in frame:
+            tensors.append({"name": d.name, "count": d.count, "index_width": d.index_width, "frame": number,
+                            "index_bytes": len(d.indices), "value_bytes": len(d.values)})  # fmt: skip
+        bodies.append(b"".join(d.indices + d.values for d in frame))
+    compressed = list(_POOL.map(lambda body: zstandard.ZstdCompressor(level=3).compress(body), bodies))
+    head = json.dumps({**header, "format": DELTA_FORMAT, "tensors": tensors, "frames": [len(c) for c in compressed]},
+                      sort_keys=True).encode()  # fmt: skip
+    return DELTA_MAGIC + struct.pack("<I", len(head)) + head + b"".join(compressed)
 
 
 def decode_delta(data: bytes) -> tuple[dict, list[delta.TensorDelta]]:
@@ -126,15 +183,22 @@ def decode_delta(data: bytes) -> tuple[dict, list[delta.TensorDelta]]:
     header = json.loads(data[8 : 8 + length])
     if header.get("format") != DELTA_FORMAT:
         raise InvalidRequest(f"delta format {header.get('format')!r} is not {DELTA_FORMAT}")
-    body = zstandard.ZstdDecompressor().decompress(data[8 + length :], max_output_size=1 << 40)
-    deltas, offset = [], 0
+    offset, frames = 8 + length, []
+    for size in header["frames"]:
+        frames.append(data[offset : offset + size])
+        offset += size
+    if offset != len(data):
+        raise InvalidRequest("weight delta body does not match its header")
+    bodies = list(_POOL.map(lambda frame: zstandard.ZstdDecompressor().decompress(frame, max_output_size=1 << 40), frames))
+    deltas, positions = [], [0] * len(bodies)
     for entry in header["tensors"]:
-        indices = body[offset : offset + entry["index_bytes"]]
-        offset += entry["index_bytes"]
-        values = body[offset : offset + entry["value_bytes"]]
-        offset += entry["value_bytes"]
-        deltas.append(delta.TensorDelta(entry["name"], entry["count"], entry["index_width"], indices, values))
-    if offset != len(body):
+        number, start = entry["frame"], positions[entry["frame"]]
+        body = bodies[number]
+        indices = body[start : start + entry["index_bytes"]]
+        values = body[start + entry["index_bytes"] : start + entry["index_bytes"] + entry["value_bytes"]]
+        positions[number] = start + entry["index_bytes"] + entry["value_bytes"]
+        deltas.append(delta.TensorDelta(entry["name"], entry["count"], entry["index_width"], bytes(indices), bytes(values)))
+    if positions != [len(body) for body in bodies]:
         raise InvalidRequest("weight delta body does not match its header")
     return header, deltas
 
@@ -293,32 +357,30 @@ class Receiver:
                 f"delta {header['base_version']} -> {header['version']} does not apply to the held version {self.version}"
             )
         bits_np = delta.BITS_DTYPE[self.dtype]
-        checksum = self.checksum
-        plans = []
-        for piece in deltas:
-            param = self.params.get(piece.name)
-            if param is None:
-                raise InvalidRequest(f"delta names a tensor {piece.name!r} this model does not have")
+        missing = [piece.name for piece in deltas if piece.name not in self.params]
+        if missing:
+            raise InvalidRequest(f"delta names tensors this model does not have: {missing[:3]}")
+
+        def plan(piece: delta.TensorDelta):
+            param = self.params[piece.name]
             indices, values = piece.decode(bits_np)
             if indices.size and int(indices[-1]) >= param.numel():
                 raise InvalidRequest(f"delta index out of range for {piece.name}")
-            flat = param.view(-1)
-            index_t = torch.from_numpy(indices).to(flat.device)
-            old = self._bits_of(flat[index_t])
-            checksum = delta.update_checksum(checksum, piece.name, indices, old, values)
-            plans.append((flat, index_t, values))
+            target = _Target(param, self.dtype)
+            # the checksum's move for this tensor alone (it is a sum over tensors)
+            change = delta.update_checksum(0, piece.name, indices, target.bits_at(indices), values)
+            return target, indices, values, change
+
+        # Reading and writing 2% of a model's elements touches most of its memory: the
+        # tensors are split into balanced shares, one per thread (numpy's take and put, and
+        # the checksum's dots, run without the GIL).
+        shares = _balanced(deltas, _POOL._max_workers)
+        plans = [p for share in _POOL.map(lambda share: [plan(piece) for piece in share], shares) for p in share]
+        checksum = (self.checksum + sum(change for *_, change in plans)) & delta.MASK64
         if checksum != int(header["checksum"]) or checksum != link.checksum:
             raise InvalidRequest(f"delta to version {header['version']} fails its checksum; the held weights are unchanged")
-        for flat, index_t, values in plans:  # every check passed: now write, in place
-            flat[index_t] = self._values_of(values, flat)
+        # every check passed: now write, in place
+        written = _balanced(plans, _POOL._max_workers, size=lambda p: p[1].size)
+        list(_POOL.map(lambda share: [target.write(indices, values) for target, indices, values, _ in share], written))
         self.version, self.checksum = int(header["version"]), checksum
 
-    def _bits_of(self, values: torch.Tensor) -> np.ndarray:
-        """Serving-dtype bit patterns of held values (exact: they were published in it)."""
-        narrow = values.to(TORCH_DTYPES[self.dtype]).view(BITS_TORCH[self.dtype]).cpu()
-        return _numpy_bits(narrow, self.dtype)
-
-    def _values_of(self, bits: np.ndarray, like: torch.Tensor) -> torch.Tensor:
-        signed = bits.view(np.int16 if bits.dtype.itemsize == 2 else np.int32)
-        narrow = torch.from_numpy(signed.copy()).view(TORCH_DTYPES[self.dtype])
-        return narrow.to(device=like.device, dtype=like.dtype)
