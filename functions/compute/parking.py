@@ -97,5 +97,21 @@ def restore(slots: Iterable[Slot], parked: Parked) -> float:
     return time.perf_counter() - started
 
 
+def park_once(holder, slots: list[Slot]) -> tuple[float, int]:
+    """Park `slots` into `holder.parked` unless it is parked already; (seconds, bytes) moved."""
+    if holder.parked is not None:
+        return 0.0, 0
+    holder.parked = park(slots)
+    return holder.parked.seconds, holder.parked.nbytes
+
+
+def restore_once(holder, slots: list[Slot]) -> tuple[float, int]:
+    """Restore `holder.parked` into `slots` if it is parked; (seconds, bytes) moved."""
+    if holder.parked is None:
+        return 0.0, 0
+    parked, holder.parked = holder.parked, None
+    return restore(slots, parked), parked.nbytes
+
+
 def nbytes(tensors: Iterable[Optional[torch.Tensor]]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)

@@ -73,14 +73,8 @@ class FullRunCopies:
 
     def park(self, key: str) -> tuple[float, int]:
         copy = self.copies.get(key)
-        if copy is None or copy.parked is not None:
-            return 0.0, 0
-        copy.parked = parking.park(copy.slots())
-        return copy.parked.seconds, copy.parked.nbytes
+        return (0.0, 0) if copy is None else parking.park_once(copy, copy.slots())
 
     def restore(self, key: str) -> tuple[float, int]:
         copy = self.copies.get(key)
-        if copy is None or copy.parked is None:
-            return 0.0, 0
-        parked, copy.parked = copy.parked, None
-        return parking.restore(copy.slots(), parked), parked.nbytes
+        return (0.0, 0) if copy is None else parking.restore_once(copy, copy.slots())

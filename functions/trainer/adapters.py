@@ -26,10 +26,9 @@ import math
 from typing import Mapping
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
+from functions.trainer import tensor_files
 from openrl_core.errors import InvalidRequest
 from openrl_core.params import MAX_LORA_RANK, LoraConfig
 
@@ -153,23 +152,8 @@ def lora_config_of(files: Mapping[str, bytes]) -> LoraConfig:
     return lora
 
 
-@torch.no_grad()
 def load_weights(params: Mapping[str, torch.nn.Parameter], files: Mapping[str, bytes]) -> None:
     """Copy the file's tensors into the adapter; keys and shapes are all checked before any copy."""
-    if WEIGHTS_FILE not in files:
-        raise InvalidRequest(f"the checkpoint has no {WEIGHTS_FILE}")
-    try:
-        tensors = load_safetensors(files[WEIGHTS_FILE])
-    except (ValueError, RuntimeError, SafetensorError) as error:
-        raise InvalidRequest(f"{WEIGHTS_FILE} is unreadable: {error}") from error
-    missing, unexpected = sorted(set(params) - set(tensors)), sorted(set(tensors) - set(params))
-    if missing or unexpected:
-        raise InvalidRequest(
-            f"{WEIGHTS_FILE} does not fit this base model: missing {missing[:3]}, unexpected {unexpected[:3]}"
-        )
-    for key, param in params.items():
-        if tensors[key].shape != param.shape:
-            shape, expected = list(tensors[key].shape), list(param.shape)
-            raise InvalidRequest(f"{WEIGHTS_FILE}: {key} has shape {shape}, expected {expected}")
-    for key, param in params.items():
-        param.copy_(tensors[key].to(device=param.device, dtype=param.dtype))
+    tensors = tensor_files.read(files, WEIGHTS_FILE)
+    tensor_files.check_fit(tensors, params, WEIGHTS_FILE, "this base model")
+    tensor_files.copy_into(params, tensors)

@@ -137,28 +137,14 @@ class TrainerEngine:
     def park(self, model_id: str) -> tuple[float, int]:
         """Move the adapter, its gradients and its optimizer state to host memory."""
         adapter = self._require(model_id)
-        if adapter.parked is not None:
-            return 0.0, 0
-        adapter.parked = parking.park(self._slots(adapter))
-        return adapter.parked.seconds, adapter.parked.nbytes
+        return parking.park_once(adapter, optimizer.training_slots(adapter.params, adapter.adam))
 
     def restore(self, model_id: str) -> tuple[float, int]:
         adapter = self._require(model_id)
-        if adapter.parked is None:
-            return 0.0, 0
-        parked, adapter.parked = adapter.parked, None
-        return parking.restore(self._slots(adapter), parked), parked.nbytes
+        return parking.restore_once(adapter, optimizer.training_slots(adapter.params, adapter.adam))
 
     def is_parked(self, model_id: str) -> bool:
         return self._require(model_id).parked is not None
-
-    @staticmethod
-    def _slots(adapter: _Adapter) -> list[parking.Slot]:
-        return (
-            parking.param_slots("w/", adapter.params)
-            + parking.dict_slots("m/", adapter.adam.exp_avg)
-            + parking.dict_slots("v/", adapter.adam.exp_avg_sq)
-        )
 
     # -- training -------------------------------------------------------------------------
 

@@ -25,14 +25,12 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from functions.compute import parking
 from functions.compute.models import ModelFiles, load_causal_lm, parameter_count
 from functions.compute.weight_sync import Publication, Publisher, Put
-from functions.trainer import batching, optimizer, passes
+from functions.trainer import batching, optimizer, passes, tensor_files
 from functions.trainer.passes import DEFAULT_MAX_PADDED_TOKENS, ForwardBackwardResult
 from openrl_core.datum import Datum, validate_batch
 from openrl_core.errors import Conflict, InvalidRequest, NotFound
@@ -147,32 +145,21 @@ class FullFinetuneEngine:
         check comes before any write, so a bad checkpoint leaves the run as it was."""
         if not is_full_state(files):
             raise InvalidRequest("this is a LoRA checkpoint; the run trains every weight (full fine-tuning)")
-        if WEIGHTS_FILE not in files:
-            raise InvalidRequest(f"the checkpoint has no {WEIGHTS_FILE}")
-        try:
-            tensors = load_safetensors(files[WEIGHTS_FILE])
-        except (ValueError, RuntimeError, SafetensorError) as error:
-            raise InvalidRequest(f"{WEIGHTS_FILE} is unreadable: {error}") from error
+        tensors = tensor_files.read(files, WEIGHTS_FILE)
         created = model_id not in self._runs
         if created:
             self.create(model_id)
         run = self._runs[model_id]
         try:
-            missing, extra = sorted(set(run.params) - set(tensors)), sorted(set(tensors) - set(run.params))
-            if missing or extra:
-                raise InvalidRequest(f"{WEIGHTS_FILE} does not fit {self._files.name}: missing {missing[:3]}, unexpected {extra[:3]}")
-            for key, p in run.params.items():
-                if tuple(tensors[key].shape) != tuple(p.shape):
-                    raise InvalidRequest(f"{WEIGHTS_FILE}: {key} has shape {list(tensors[key].shape)}, expected {list(p.shape)}")
+            tensor_files.check_fit(tensors, run.params, WEIGHTS_FILE, self._files.name)
             adam = optimizer.state_from_files(files, run.params) if with_optimizer else optimizer.fresh_state(run.params)
         except InvalidRequest:
             if created:
                 self.drop(model_id)
             raise
-        with torch.no_grad():
-            for key, p in run.params.items():
-                p.copy_(tensors[key].to(device=p.device, dtype=p.dtype))
-                p.grad = None
+        tensor_files.copy_into(run.params, tensors)
+        for p in run.params.values():
+            p.grad = None
         run.adam = adam
 
     def export_external(self, model_id: str) -> dict[str, bytes]:
@@ -198,17 +185,11 @@ class FullFinetuneEngine:
 
     def park(self, model_id: str) -> tuple[float, int]:
         run = self._require(model_id)
-        if run.parked is not None:
-            return 0.0, 0
-        run.parked = parking.park(self._slots(run))
-        return run.parked.seconds, run.parked.nbytes
+        return parking.park_once(run, optimizer.training_slots(run.params, run.adam))
 
     def restore(self, model_id: str) -> tuple[float, int]:
         run = self._require(model_id)
-        if run.parked is None:
-            return 0.0, 0
-        parked, run.parked = run.parked, None
-        return parking.restore(self._slots(run), parked), parked.nbytes
+        return parking.restore_once(run, optimizer.training_slots(run.params, run.adam))
 
     def is_parked(self, model_id: str) -> bool:
         return self._require(model_id).parked is not None
@@ -228,11 +209,3 @@ class FullFinetuneEngine:
         if run is None:
             raise NotFound(f"model {model_id!r} is not loaded on this trainer")
         return run
-
-    @staticmethod
-    def _slots(run: _Run) -> list[parking.Slot]:
-        return (
-            parking.param_slots("w/", run.params)
-            + parking.dict_slots("m/", run.adam.exp_avg)
-            + parking.dict_slots("v/", run.adam.exp_avg_sq)
-        )

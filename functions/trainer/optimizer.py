@@ -51,6 +51,17 @@ class AdamState:
     exp_avg_sq: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
+def training_slots(params: Mapping[str, torch.nn.Parameter], state: AdamState) -> list:
+    """Where a model's training state lives (weights, gradients, both moments), for parking."""
+    from functions.compute import parking
+
+    return (
+        parking.param_slots("w/", dict(params))
+        + parking.dict_slots("m/", state.exp_avg)
+        + parking.dict_slots("v/", state.exp_avg_sq)
+    )
+
+
 def fresh_state(params: Mapping[str, torch.nn.Parameter]) -> AdamState:
     return AdamState(
         step=0,
