@@ -4,8 +4,9 @@ One asyncio loop does everything, so the service is only ever called from that t
 each worker connection is an owner (its jobs, leases and waiters die with it), each line
 it sends is one request, and a ticker expires overdue leases every `TICK_SECONDS`. A line
 that is not JSON, or too long, gets an error reply and the connection stays up. HTTP on
-`http_port` serves `GET /healthz`, `GET /metrics` (Prometheus text) and `GET /status`
-(JSON) for probes, scrapers and the scheduler.
+`http_port` serves `GET /healthz`, `GET /metrics` (Prometheus text), `GET /status`
+(JSON) and `GET /timeline?since=<unix seconds>` (who held each device when, and the parks)
+for probes, scrapers, the scheduler and dashboards.
 
 `openrl serve` runs the same daemon in a thread of its own process (`start_in_thread`),
 so its trainer and sampler reach it through the socket exactly as separate processes do.
@@ -122,7 +123,7 @@ class Daemon:
             while (await reader.readline()) not in (b"\r\n", b"\n", b""):
                 pass  # headers: nothing here needs them
             parts = request.decode("latin-1").split()
-            path = parts[1].split("?")[0] if len(parts) >= 2 else ""
+            path, _, query = (parts[1] if len(parts) >= 2 else "").partition("?")
             if len(parts) < 2 or parts[0] != "GET":
                 status, kind, body = "405 Method Not Allowed", "text/plain", b"GET only\n"
             elif path == "/healthz":
@@ -131,8 +132,15 @@ class Daemon:
                 status, kind, body = "200 OK", "text/plain; version=0.0.4; charset=utf-8", self.service.metrics_text()
             elif path == "/status":
                 status, kind, body = "200 OK", "application/json", json.dumps(self.service.status()).encode()
+            elif path == "/timeline":
+                since = _since(query)
+                if since is None:
+                    status, kind, body = "400 Bad Request", "text/plain", b"since must be unix seconds\n"
+                else:
+                    timeline = self.service.timeline(since)
+                    status, kind, body = "200 OK", "application/json", json.dumps({"timeline": timeline}).encode()
             else:
-                status, kind, body = "404 Not Found", "text/plain", b"try /healthz, /metrics or /status\n"
+                status, kind, body = "404 Not Found", "text/plain", b"try /healthz, /metrics, /status or /timeline\n"
             head = f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n"
             if status.startswith("405"):
                 head += "Allow: GET\r\n"
@@ -142,3 +150,13 @@ class Daemon:
             pass
         finally:
             writer.close()
+
+
+def _since(query: str):
+    from urllib.parse import parse_qs
+
+    values = parse_qs(query).get("since", ["0"])
+    try:
+        return float(values[0])
+    except ValueError:
+        return None

@@ -191,8 +191,13 @@ class SlicerService:
         return {}
 
     def _timeline_op(self, owner: str, message: dict) -> dict:
-        since = float(message.get("since", 0.0))
-        return {"timeline": {d: [e for e in entries if e["end"] >= since] for d, entries in self._timeline.items()}}
+        return {"timeline": self.timeline(float(message.get("since", 0.0)))}
+
+    def timeline(self, since: float = 0.0) -> dict[str, list[dict]]:
+        """Per device, the leases (job, lease id, start, end, reason) and parks/restores that
+        ended at or after `since` (unix seconds), oldest first; the last few thousand only."""
+        with self._lock:
+            return {d: [e for e in entries if e["end"] >= since] for d, entries in self._timeline.items()}
 
     def _record(self, device: str, entry: dict) -> None:
         if device in self._timeline:

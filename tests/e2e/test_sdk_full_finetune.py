@@ -56,8 +56,14 @@ def test_a_full_run_is_asked_for_with_metadata_and_reported_as_full(sdk_env):
     state = training.save_state("full-0").result().path
     weights_info = tinker.RestClient().get_weights_info_by_tinker_path(state).result()
     assert weights_info.is_lora is False and weights_info.lora_rank is None
-    run = tinker.RestClient().get_training_run(training.model_id).result()
-    assert run.is_lora is False
+    rest = tinker.RestClient()
+    run = rest.get_training_run(training.model_id).result()
+    assert run.is_lora is False and run.last_checkpoint.tinker_path == state
+    listed = {c.checkpoint_id: c for c in rest.list_checkpoints(training.model_id).result().checkpoints}
+    assert listed["weights/full-0"].size_bytes > 4 * 19_000_000  # float32 weights and the optimizer's moments
+    copied = rest.copy_weights(state, "full-copy").result()
+    assert rest.get_weights_info_by_tinker_path(copied).result().is_lora is False
+    assert service.create_training_client_from_state(copied).result().get_info().is_lora is False
     with pytest.raises(tinker.BadRequestError, match="train_mlp=False only applies to LoRA runs"):
         service.create_lora_training_client(base_model=MODEL, train_mlp=False, user_metadata=FULL).result()
     with pytest.raises(tinker.BadRequestError, match="must be 'true' or 'false'"):
