@@ -125,6 +125,11 @@ class Waiter:
     owner: str
     request: str
     since: float
+    also: tuple[str, ...] = ()  # more jobs of the same owner served by the same turn (a packed pass)
+
+    @property
+    def jobs(self) -> tuple[str, ...]:
+        return (self.job, *self.also)
 
 
 @dataclass
@@ -135,6 +140,11 @@ class Lease:
     device: str
     granted_at: float
     deadline: float
+    also: tuple[str, ...] = ()
+
+    @property
+    def jobs(self) -> tuple[str, ...]:
+        return (self.job, *self.also)
 
 
 @dataclass
@@ -217,14 +227,21 @@ class Timeslicer:
             existing.bytes, existing.parkable, existing.resident, existing.group = nbytes, parkable, resident, group
         return effects + self._schedule(state, now)
 
-    def acquire(self, owner: str, job: str, request: str, now: float) -> list[Effect]:
+    def acquire(self, owner: str, job: str, request: str, now: float, also: tuple[str, ...] = ()) -> list[Effect]:
+        """Wait for a turn of `job`; `also` names more jobs of the same owner on the same device
+        that the turn serves together (one packed pass over several models): all of them are
+        made resident before the grant, and the one lease covers them."""
         state = self._owned(owner, job)
         device = self.devices[state.device]
-        if device.holder is not None and device.holder.job == job:
-            raise Conflict(f"job {job!r} already holds lease {device.holder.lease_id}; release it first")
-        if any(w.job == job for w in device.waiters):
-            raise Conflict(f"job {job!r} is already waiting for a turn")
-        device.waiters.append(Waiter(job, owner, request, now))
+        also = tuple(dict.fromkeys(j for j in also if j != job))
+        for other in also:
+            if self._owned(owner, other).device != state.device:
+                raise InvalidRequest(f"job {other!r} is on another device than {job!r}; one turn is one device")
+        busy = {j for w in device.waiters for j in w.jobs} | (set(device.holder.jobs) if device.holder else set())
+        taken = sorted(busy & {job, *also})
+        if taken:
+            raise Conflict(f"job {taken[0]!r} already holds or waits for a turn; release it first")
+        device.waiters.append(Waiter(job, owner, request, now, also))
         return self._schedule(device, now)
 
     def cancel(self, owner: str, request: str, now: float) -> list[Effect]:
@@ -342,9 +359,12 @@ class Timeslicer:
         held = max(0.0, now - lease.granted_at)
         device.holder = None
         device.busy_seconds += held
+        for name in lease.jobs:
+            served = self.jobs.get(name)
+            if served is not None and served.owner == lease.owner:
+                served.last_served = now
         job = self.jobs.get(lease.job)
         if job is not None and job.owner == lease.owner:
-            job.last_served = now
             if reason == "released" and job.group is not None and self.affinity_seconds > 0:
                 device.affinity = (job.group, now + self.affinity_seconds)
         return [LeaseEnded(lease.owner, lease.job, device.name, lease.lease_id, held, reason)]
@@ -353,12 +373,12 @@ class Timeslicer:
         """Forget a job: end its lease, refuse its waiters."""
         device = self.devices[state.device]
         effects: list[Effect] = []
-        if device.holder is not None and device.holder.job == state.job:
+        if device.holder is not None and state.job in device.holder.jobs:
             effects += self._end(device, device.holder, reason, now)
-        for waiter in [w for w in device.waiters if w.job == state.job]:
+        for waiter in [w for w in device.waiters if state.job in w.jobs]:
             effects.append(Refused(waiter.owner, waiter.request, f"job {state.job!r} is gone ({reason})"))
-        device.waiters = [w for w in device.waiters if w.job != state.job]
-        if device.next_up is not None and device.next_up.job == state.job:
+        device.waiters = [w for w in device.waiters if state.job not in w.jobs]
+        if device.next_up is not None and state.job in device.next_up.jobs:
             device.next_up = None
         del self.jobs[state.job]
         return effects
@@ -366,16 +386,18 @@ class Timeslicer:
     def _ordered(self, device: Device, now: float) -> list[Waiter]:
         """Waiters in the order the policy serves them; a job with a park in flight waits
         for its answer (it will come back with a restore)."""
-        eligible = [w for w in device.waiters if self.jobs[w.job].parking_since is None]
+        eligible = [w for w in device.waiters if all(self.jobs[j].parking_since is None for j in w.jobs)]
         aged = sorted((w for w in eligible if now - w.since >= self.aging_seconds), key=lambda w: w.since)
         rest = [w for w in eligible if now - w.since < self.aging_seconds]
         if self.policy is Policy.LRS:
             rest.sort(key=lambda w: (self.jobs[w.job].served_key, w.since))
         return aged + rest
 
-    def _fits(self, device: Device, job: Job) -> bool:
-        needed = 0 if job.resident else job.bytes
-        return device.budget is None or self._resident_bytes(device.name) + needed <= device.budget
+    def _needed(self, waiter: Waiter) -> int:
+        return sum(self.jobs[j].bytes for j in waiter.jobs if not self.jobs[j].resident)
+
+    def _fits(self, device: Device, waiter: Waiter) -> bool:
+        return device.budget is None or self._resident_bytes(device.name) + self._needed(waiter) <= device.budget
 
     def _schedule(self, device: Device, now: float) -> list[Effect]:
         if device.holder is not None or not device.waiters:
@@ -398,9 +420,9 @@ class Timeslicer:
             else:
                 device.affinity = None
         chosen = order[0]
-        if self._fits(device, self.jobs[chosen.job]):
+        if self._fits(device, chosen):
             return self._grant(device, chosen, now)
-        effects = self._make_room(device, self.jobs[chosen.job], now)
+        effects = self._make_room(device, chosen, now)
         if effects or any(j.parking_since is not None for j in self._on(device.name)):
             device.next_up = chosen
             return effects
@@ -408,7 +430,7 @@ class Timeslicer:
         # rather than idle, serve a waiter that fits until the chosen one can be placed.
         device.next_up = None
         for waiter in order[1:]:
-            if self._fits(device, self.jobs[waiter.job]):
+            if self._fits(device, waiter):
                 return self._grant(device, waiter, now)
         return []
 
@@ -417,7 +439,7 @@ class Timeslicer:
         device.next_up = None
         device.waiters.remove(waiter)
         self.last_lease_id = max(self.last_lease_id + 1, int(self.lease_floor()))
-        lease = Lease(self.last_lease_id, job.job, job.owner, device.name, now, now + self.lease_seconds)
+        lease = Lease(self.last_lease_id, job.job, job.owner, device.name, now, now + self.lease_seconds, waiter.also)
         device.holder = lease
         if self._last_job[device.name] != job.job:
             device.switches += 1
@@ -426,12 +448,14 @@ class Timeslicer:
             device.streak = (job.group, now) if job.group is not None else None
         device.affinity = None
         restore = not job.resident
-        job.resident = True
+        for name in waiter.jobs:
+            self.jobs[name].resident = True
         return [Grant(job.owner, waiter.request, job.job, device.name, lease.lease_id, self.lease_seconds, restore, now - waiter.since)]
 
-    def _make_room(self, device: Device, job: Job, now: float) -> list[Effect]:
-        """Ask least recently served residents to park until `job` fits (counting parks in flight)."""
-        needed = job.bytes
+    def _make_room(self, device: Device, waiter: Waiter, now: float) -> list[Effect]:
+        """Ask least recently served residents to park until the waiter's jobs fit (counting
+        parks in flight)."""
+        needed = self._needed(waiter)
         free = device.budget - self._resident_bytes(device.name)
         in_flight = sum(j.bytes for j in self._on(device.name) if j.parking_since is not None)
         effects: list[Effect] = []
@@ -439,7 +463,7 @@ class Timeslicer:
             (
                 j
                 for j in self._on(device.name)
-                if j.resident and j.parkable and j.job != job.job and j.parking_since is None and not j.unresponsive
+                if j.resident and j.parkable and j.job not in waiter.jobs and j.parking_since is None and not j.unresponsive
             ),
             key=lambda j: (j.served_key, j.job),
         )

@@ -68,6 +68,7 @@ class Lease:
         self.renew_at = self.granted_at + self.lease_seconds / 3
         self.revoked: Optional[str] = None
         self.released = False
+        self.also: tuple[str, ...] = ()
 
     def valid(self) -> bool:
         return self.revoked is None and not self.released and time.monotonic() < self.deadline
@@ -102,7 +103,7 @@ class Turn:
             lease.revoked = lease.revoked or "not current"
         log.warning("timeslicer: lease %s of %s was lost (%s); taking a new one", lease.lease_id, lease.job, lease.revoked)
         self.client.release(lease)
-        self.lease = self.client.acquire(lease.job)
+        self.lease = self.client.acquire(lease.job, also=getattr(lease, "also", ()))
         return self.lease.lease_id
 
 
@@ -172,10 +173,11 @@ class TimeslicerClient:
         with self._lock:
             return job in self._jobs
 
-    def acquire(self, job: str, timeout: Optional[float] = None) -> Lease:
+    def acquire(self, job: str, timeout: Optional[float] = None, also: tuple[str, ...] = ()) -> Lease:
+        """A lease on `job`'s device; `also`: more of this worker's jobs the same turn serves."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            reply = self._call({"op": "acquire", "job": job}, deadline=deadline, cancellable=True)
+            reply = self._call({"op": "acquire", "job": job, "also": list(also)}, deadline=deadline, cancellable=True)
             if reply.get("lost"):
                 continue  # the link dropped while waiting: ask again on the new one
             if not reply.get("ok"):
@@ -183,10 +185,12 @@ class TimeslicerClient:
                     raise Fenced(reply["error"])
                 self._check(reply)
             lease = Lease(self, reply)
+            lease.also = tuple(also)
             with self._lock:
                 self._leases[lease.lease_id] = lease
-                if job in self._jobs:
-                    self._jobs[job]["resident"] = True
+                for name in (job, *also):
+                    if name in self._jobs:
+                        self._jobs[name]["resident"] = True
             self._wake.set()  # the renewal thread plans around the new lease
             return lease
 
@@ -203,8 +207,8 @@ class TimeslicerClient:
             log.info("timeslicer: release of lease %s: %s", lease.lease_id, reply.get("error"))
 
     @contextmanager
-    def turn(self, job: str, timeout: Optional[float] = None) -> Iterator[Turn]:
-        turn = Turn(self, self.acquire(job, timeout))
+    def turn(self, job: str, timeout: Optional[float] = None, also: tuple[str, ...] = ()) -> Iterator[Turn]:
+        turn = Turn(self, self.acquire(job, timeout, also))
         try:
             yield turn
         finally:

@@ -3,8 +3,10 @@
 The engine knows nothing about events, queues or storage: it is called with a model id and
 token ids and answers with numbers and files. Invariants:
 - The base model is loaded once, in float32, frozen, in eval mode (no dropout); each adapter
-  (one per model id, each with its own rank and optimizer state) is a PEFT adapter on it, and
-  each call activates the adapter it names.
+  (one per model id, each with its own rank and optimizer state) is a PEFT adapter on it.
+- `forward_backward_many` runs several models' requests in shared passes, each row with its
+  own adapter (`packed`), and each model's numbers are bitwise those of its request alone;
+  `forward_backward` is the same path with one request.
 - Gradients accumulate in the adapter's own parameters across `forward_backward` calls until
   `optim_step` applies and clears them; adapters share no parameters, so they never mix.
 - Everything is deterministic on CPU: the same sequence of calls gives bitwise the same
@@ -29,14 +31,23 @@ import torch
 
 from functions.compute import parking
 from functions.compute.models import ModelFiles, load_causal_lm
-from functions.trainer import adapters, batching, optimizer, passes
+from functions.trainer import adapters, optimizer, packed
 from functions.trainer.passes import DEFAULT_MAX_PADDED_TOKENS, ForwardBackwardResult
 from openrl_core.datum import Datum, validate_batch
-from openrl_core.errors import Conflict, InvalidRequest, NotFound, ServerError
+from openrl_core.errors import Conflict, InvalidRequest, NotFound, OpenRLError, ServerError
 from openrl_core.losses import resolve_config
 from openrl_core.params import AdamParams, LoraConfig
 
-__all__ = ["TrainerEngine", "ForwardBackwardResult", "DEFAULT_MAX_PADDED_TOKENS"]
+__all__ = ["TrainerEngine", "PackRequest", "ForwardBackwardResult", "DEFAULT_MAX_PADDED_TOKENS"]
+
+
+@dataclass(frozen=True)
+class PackRequest:
+    model_id: str
+    batch: list[Datum]
+    loss_fn: str
+    loss_fn_config: dict[str, float] | None
+    forward_only: bool
 
 
 @dataclass
@@ -55,13 +66,13 @@ class TrainerEngine:
         files: ModelFiles,
         device: str = "cpu",
         max_padded_tokens: int = DEFAULT_MAX_PADDED_TOKENS,
-        max_padding: float = batching.MAX_PADDING,
+        max_rows: int = 256,
     ):
-        """Load the base model once; the two limits shape microbatches (see batching.microbatches)."""
+        """Load the base model once; the two limits bound one pass (see openrl_core.packing)."""
         self._files = files
         self._device = torch.device(device)
         self._max_padded_tokens = max_padded_tokens
-        self._max_padding = max_padding
+        self._max_rows = max_rows
         base = load_causal_lm(files, dtype=torch.float32, device=device)
         base.eval()
         base.requires_grad_(False)
@@ -98,6 +109,9 @@ class TrainerEngine:
                     self._peft.add_adapter(name, config)
             except ValueError as error:
                 raise InvalidRequest(f"cannot put this LoRA on {self._files.name}: {error}") from error
+        # Eval mode: no dropout anywhere (LoRA dropout is 0 too), and PEFT takes per-row
+        # adapter names only in eval mode; gradients flow all the same.
+        self._peft.eval()
         params = adapters.adapter_parameters(self._peft, name)
         adapters.initialize(params, adapters.init_seed(model_id, lora))
         numel = sum(p.numel() for p in params.values())
@@ -157,14 +171,32 @@ class TrainerEngine:
         forward_only: bool,
     ) -> ForwardBackwardResult:
         """Per-datum target logprobs and the summed loss; unless forward_only, add its gradient."""
-        adapter = self._require(model_id)
-        config = resolve_config(loss_fn, loss_fn_config)
-        validate_batch(batch, loss_fn, self._files.vocab_size)
-        self._activate(adapter)
-        decoder, lm_head = self._peft.get_decoder(), self._peft.get_output_embeddings()
-        return passes.run(
-            decoder, lm_head, batch, loss_fn, config, forward_only, self._device, self._max_padded_tokens, self._max_padding
-        )
+        result = self.forward_backward_many([PackRequest(model_id, batch, loss_fn, loss_fn_config, forward_only)])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def forward_backward_many(self, requests: list["PackRequest"]) -> list:
+        """Several models' requests in shared passes (`packed`), each bitwise as if it ran
+        alone; per request its result or the error it alone raised (checked up front)."""
+        out: list = [None] * len(requests)
+        checked, indices = [], []
+        for index, request in enumerate(requests):
+            try:
+                adapter = self._require(request.model_id)
+                config = resolve_config(request.loss_fn, request.loss_fn_config)
+                validate_batch(request.batch, request.loss_fn, self._files.vocab_size)
+            except OpenRLError as error:
+                out[index] = error
+                continue
+            checked.append(packed.Request(adapter.name, request.batch, request.loss_fn, config, request.forward_only))
+            indices.append(index)
+        if checked:
+            params = {a.name: a.params for a in self._adapters.values() if a.name in {r.adapter for r in checked}}
+            results = packed.run(self._peft, checked, params, self._max_padded_tokens, self._max_rows, self._device)
+            for index, result in zip(indices, results):
+                out[index] = result
+        return out
 
     def optim_step(self, model_id: str, params: AdamParams) -> dict[str, float]:
         """Apply the accumulated gradient with AdamW (see optimizer.py) and clear it."""
@@ -247,11 +279,6 @@ class TrainerEngine:
         if adapter is None:
             raise NotFound(f"model {model_id!r} has no adapter on this trainer")
         return adapter
-
-    def _activate(self, adapter: _Adapter) -> None:
-        # set_adapter also gives the active adapter's parameters requires_grad and takes it
-        # from every other adapter's, so backward reaches this adapter only.
-        self._peft.set_adapter(adapter.name)
 
     @staticmethod
     def _clear_gradients(adapter: _Adapter) -> None:

@@ -300,3 +300,21 @@ def test_affinity_ends_with_the_quantum_and_never_passes_an_aged_waiter():
     aged.acquire("w", "b", "rb", 0.1)
     # b has waited 2.9 s, past aging: served at once, no waiting for A's next request
     assert [g.job for g in grants(aged.release("w", lease.lease_id, 3.0))] == ["b"]
+
+
+def test_one_turn_can_serve_several_jobs_of_one_owner_all_made_resident():
+    ts = slicer(budget=100)
+    for job in ("a", "b", "c"):
+        ts.register("w", job, "cpu:0", 40, True, False, 0)
+    lone = grants(ts.acquire("w", "c", "r0", 0))[0]
+    ts.release("w", lone.lease_id, 1)
+    effects = ts.acquire("w", "a", "r1", 2, also=("b",))  # c is resident: 40 + 80 > 100
+    assert parks(effects) == [AskPark("w", "c", "cpu:0")] and grants(effects) == []
+    grant = grants(ts.parked("w", "c", 3))[0]
+    assert grant.job == "a" and ts.jobs["a"].resident and ts.jobs["b"].resident
+    with pytest.raises(Conflict, match="already holds or waits"):
+        ts.acquire("w", "b", "r2", 3.5)
+    ts.release("w", grant.lease_id, 4)
+    assert ts.jobs["b"].last_served == 4, "every job of the turn counts as served"
+    with pytest.raises(Conflict, match="taken over"):
+        ts.register("v", "x", "cpu:0", 1, True, False, 5) or ts.acquire("w", "a", "r3", 5, also=("x",))

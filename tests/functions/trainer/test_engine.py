@@ -28,7 +28,7 @@ def reference_logprobs(model, datum: Datum) -> np.ndarray:
 
 
 def test_fresh_adapter_logprobs_equal_the_plain_model_on_a_padded_batch(tiny_files):
-    engine = TrainerEngine(tiny_files, max_padding=float("inf"))  # one padded [4, 11] batch
+    engine = TrainerEngine(tiny_files)  # lengths 3, 11, 6, 11: one batch padded to [4, 16]
     engine.create_adapter("m", LoraConfig(rank=8, seed=0))
     rng = np.random.default_rng(1)
     tokens = [rng.integers(0, 5000, n).astype(np.int64) for n in (3, 11, 6)]
