@@ -100,6 +100,9 @@ class Node:
             options = TrainerOptions(
                 kinds=tuple(trainer_kinds), only_model=only_model, serving_dtype=settings.serving_dtype,
                 delta_full_every=settings.delta_full_every, delta_max_share=settings.delta_max_share,
+                pack=settings.trainer_packing, pack_linger=settings.trainer_pack_linger_ms / 1000, pack_max_tokens=settings.trainer_pack_max_tokens,
+                pack_max_rows=settings.trainer_pack_max_rows,
+                pack_max_shared_bytes=settings.trainer_pack_max_shared_mib << 20,
             )  # fmt: skip
             self.trainer = TrainerWorker(
                 rt.bus, rt.publisher, rt.blobs, rt.models, slicer("trainer"), settings.device,

@@ -17,6 +17,14 @@ Pure planning, no tensors: a request is its datums' lengths; a plan is a list of
   `max_rows`. Passes run in the order they are planned, in which each model's units keep
   their order, so its gradients accumulate in the same order as alone.
 
+- Sharing is bounded by cost, not only by tokens: a pass that holds more than one unit stays
+  within `max_shared_tokens`, which the engine derives from a memory budget and the bytes one
+  padded token costs the pass (its logits row over the vocabulary plus the decoder's saved
+  activations). Measured here: small passes gain from sharing (more rows per matrix product,
+  one Python walk of the model instead of several), big ones lose (a pass's activations and
+  logits outgrow the caches). A unit alone is never limited by it, so a big request runs as
+  it would anyway.
+
 Running a request alone is the same plan with one request, so "alone" and "packed" are one
 code path and differ only in who shares the passes.
 """
@@ -27,6 +35,13 @@ from dataclasses import dataclass
 from typing import Sequence
 
 PAD_MULTIPLE = 16
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_tokens: int  # padded tokens of one pass (and of one unit)
+    max_rows: int
+    max_shared_tokens: int | None = None  # padded tokens of a pass of two or more units
 
 
 def bucket(length: int) -> int:
@@ -59,18 +74,24 @@ def units(request: int, lengths: Sequence[int], max_tokens: int) -> list[Unit]:
 
 
 def plan(
-    requests: Sequence[Sequence[int]], max_tokens: int, max_rows: int, models: Sequence[str] | None = None
+    requests: Sequence[Sequence[int]],
+    max_tokens: int,
+    max_rows: int,
+    models: Sequence[str] | None = None,
+    max_shared_tokens: int | None = None,
 ) -> list[list[Unit]]:
     """Passes for several requests (each given by its datums' lengths; `models[i]` the model
     request i belongs to, default one model each).
 
     Each request's units are taken in order; a unit joins the first pass of its bucket, after
     its model's previous unit's pass, that has room and holds nothing of its model. Two
-    requests of one model thus run one after the other, as they would alone.
+    requests of one model thus run one after the other, as they would alone. `max_shared_tokens`
+    (default `max_tokens`) bounds a pass that would hold two or more units.
     """
     if max_tokens < 1 or max_rows < 1:
         raise ValueError("max_tokens and max_rows must be positive")
     models = list(models) if models is not None else [str(i) for i in range(len(requests))]
+    shared = min(max_tokens, max_shared_tokens if max_shared_tokens is not None else max_tokens)
     passes: list[list[Unit]] = []
     last: dict[str, int] = {}  # model -> position of its latest unit's pass
     for index, lengths in enumerate(requests):
@@ -81,7 +102,7 @@ def plan(
                 if (
                     members[0].bucket == unit.bucket
                     and all(models[m.request] != model for m in members)
-                    and sum(m.tokens for m in members) + unit.tokens <= max_tokens
+                    and sum(m.tokens for m in members) + unit.tokens <= shared
                     and sum(len(m.datums) for m in members) + len(unit.datums) <= max_rows
                 ):
                     members.append(unit)

@@ -147,6 +147,22 @@ class Settings(BaseSettings):
     delta_max_share: float = Field(
         0.5, gt=0, le=1, description="publish a full checkpoint instead of a delta larger than this share of it"
     )
+    trainer_packing: bool = Field(
+        True, description="run ready forward_backward requests of several LoRA models on one base model as shared "
+        "passes (false: each model's requests in passes of their own)",
+    )
+    trainer_pack_linger_ms: float = Field(
+        5.0, ge=0, description="while several LoRA models train, how long the trainer waits for more requests to "
+        "share a pass (0: no packing wait)",
+    )
+    trainer_pack_max_tokens: int = Field(
+        8192, ge=16, description="padded tokens one trainer pass may hold (several models' requests share passes)"
+    )
+    trainer_pack_max_rows: int = Field(256, ge=1, description="sequences one trainer pass may hold")
+    trainer_pack_max_shared_mib: int = Field(
+        1024, ge=1, description="estimated activation memory (logits + saved decoder activations) of a pass "
+        "several models share; bigger requests run in passes of their own, where sharing stops paying",
+    )
     sampler_max_full_models: int = Field(
         2, ge=1, description="full fine-tuned weight sets a sampler keeps per base model (least recently used leaves)"
     )

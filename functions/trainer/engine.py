@@ -33,6 +33,7 @@ from functions.compute import parking
 from functions.compute.models import ModelFiles, load_causal_lm
 from functions.trainer import adapters, optimizer, packed
 from functions.trainer.passes import DEFAULT_MAX_PADDED_TOKENS, ForwardBackwardResult
+from openrl_core import packing
 from openrl_core.datum import Datum, validate_batch
 from openrl_core.errors import Conflict, InvalidRequest, NotFound, OpenRLError, ServerError
 from openrl_core.losses import resolve_config
@@ -60,6 +61,20 @@ class _Adapter:
     parked: Optional[parking.Parked] = None
 
 
+# Saved activations per decoder layer and token, in units of the hidden size (float32), that
+# a backward keeps: norms, q/k/v/o inputs and outputs, attention probabilities' share, and the
+# MLP's wider intermediates (about 3x hidden each). An estimate for ranking pass sizes.
+ACTIVATIONS_PER_LAYER = 24
+DEFAULT_SHARED_PASS_BYTES = 1 << 30
+
+
+def token_bytes(config) -> int:
+    """Bytes one padded token costs a pass: its float32 logits row over the vocabulary (and
+    its log-softmax) plus the decoder activations kept for the backward."""
+    hidden, layers = int(config.hidden_size), int(config.num_hidden_layers)
+    return 4 * (2 * int(config.vocab_size) + ACTIVATIONS_PER_LAYER * hidden * layers)
+
+
 class TrainerEngine:
     def __init__(
         self,
@@ -67,8 +82,11 @@ class TrainerEngine:
         device: str = "cpu",
         max_padded_tokens: int = DEFAULT_MAX_PADDED_TOKENS,
         max_rows: int = 256,
+        max_shared_pass_bytes: int = DEFAULT_SHARED_PASS_BYTES,
     ):
-        """Load the base model once; the two limits bound one pass (see openrl_core.packing)."""
+        """Load the base model once; the limits bound one pass (see openrl_core.packing): a pass
+        shared by several models also stays within `max_shared_pass_bytes` of estimated
+        activations (`token_bytes`)."""
         self._files = files
         self._device = torch.device(device)
         self._max_padded_tokens = max_padded_tokens
@@ -83,6 +101,9 @@ class TrainerEngine:
             # lm_head would get wrong logprobs silently.
             raise ServerError(f"{files.name}: models that rescale logits after lm_head are not supported")
         self._base = base
+        self.limits = packing.Limits(
+            max_padded_tokens, max_rows, max(packing.PAD_MULTIPLE, max_shared_pass_bytes // token_bytes(config))
+        )
         self._peft = None  # the PeftModel, created with the first adapter
         self._adapters: dict[str, _Adapter] = {}
 
@@ -193,7 +214,7 @@ class TrainerEngine:
             indices.append(index)
         if checked:
             params = {a.name: a.params for a in self._adapters.values() if a.name in {r.adapter for r in checked}}
-            results = packed.run(self._peft, checked, params, self._max_padded_tokens, self._max_rows, self._device)
+            results = packed.run(self._peft, checked, params, self.limits, self._device)
             for index, result in zip(indices, results):
                 out[index] = result
         return out

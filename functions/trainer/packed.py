@@ -1,6 +1,6 @@
 """Forward (and backward) passes shared by several LoRA models on one base: each row its adapter.
 
-`run(peft, requests, max_tokens, max_rows)` plans passes (`openrl_core.packing`), and for
+`run(peft, requests, params, limits)` plans passes (`openrl_core.packing`), and for
 each pass right-pads its rows to the pass's bucket, runs the shared decoder once with PEFT's
 per-row adapters (`adapter_names`: every LoRA layer applies each adapter to its own rows
 only), then, unit by unit, projects the unit's positions through lm_head with the unit's
@@ -38,7 +38,7 @@ class Request:
     forward_only: bool
 
 
-def run(peft, requests: list[Request], params: dict[str, dict], max_tokens: int, max_rows: int, device) -> list:
+def run(peft, requests: list[Request], params: dict[str, dict], limits: packing.Limits, device) -> list:
     """Per request a ForwardBackwardResult, or the exception that request alone raised.
 
     `params`: adapter name -> its parameters, to put gradients back as they were when a
@@ -46,19 +46,20 @@ def run(peft, requests: list[Request], params: dict[str, dict], max_tokens: int,
     saved = {name: {k: (p.grad.clone() if p.grad is not None else None) for k, p in params[name].items()}
              for name in {r.adapter for r in requests if not r.forward_only}} if len(requests) > 1 else {}  # fmt: skip
     try:
-        return _run(peft, requests, max_tokens, max_rows, device)
+        return _run(peft, requests, limits, device)
     except Exception:
         if len(requests) == 1:
             raise
         for name, grads in saved.items():
             for key, grad in grads.items():
                 params[name][key].grad = grad
-        return [_alone(peft, r, params, max_tokens, max_rows, device) for r in requests]
+        return [_alone(peft, r, params, limits, device) for r in requests]
 
 
-def _run(peft, requests: list[Request], max_tokens: int, max_rows: int, device) -> list[ForwardBackwardResult]:
+def _run(peft, requests: list[Request], limits: packing.Limits, device) -> list[ForwardBackwardResult]:
     plan = packing.plan(
-        [[int(d.tokens_N.size) for d in r.batch] for r in requests], max_tokens, max_rows, [r.adapter for r in requests]
+        [[int(d.tokens_N.size) for d in r.batch] for r in requests], limits.max_tokens, limits.max_rows,
+        [r.adapter for r in requests], limits.max_shared_tokens,
     )
     logprobs: list[list[Optional[np.ndarray]]] = [[None] * len(r.batch) for r in requests]
     losses = [0.0] * len(requests)
@@ -68,9 +69,9 @@ def _run(peft, requests: list[Request], max_tokens: int, max_rows: int, device) 
     return [ForwardBackwardResult(logprobs=logprobs[i], metrics={"loss:sum": losses[i]}) for i in range(len(requests))]
 
 
-def _alone(peft, request: Request, params, max_tokens: int, max_rows: int, device):
+def _alone(peft, request: Request, params, limits: packing.Limits, device):
     try:
-        return run(peft, [request], params, max_tokens, max_rows, device)[0]
+        return run(peft, [request], params, limits, device)[0]
     except Exception as exc:  # this request's own failure
         return exc
 

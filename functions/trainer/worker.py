@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable, Optional
@@ -32,6 +33,7 @@ from functions.compute.models import ModelDirectory
 from functions.compute.weight_sync import MANIFEST
 from functions.timeslicer.client import Fenced, TimeslicerClient
 from functions.timeslicer.setup import device_name, private
+from functions.trainer.packer import Packer
 from functions.trainer.recovery import ModelSlot, Recovery, position
 from functions.trainer.snapshots import SnapshotStore
 from openrl_core.datum import validate_batch
@@ -58,6 +60,11 @@ class TrainerOptions:
     serving_dtype: str = "bfloat16"
     delta_full_every: int = 20
     delta_max_share: float = 0.5
+    pack: bool = True  # several LoRA models' forward_backward requests share passes
+    pack_linger: float = 0.005  # seconds a poll waits for more requests while several LoRA models train
+    pack_max_tokens: int = 8192  # padded tokens in one pass (see openrl_core.packing)
+    pack_max_rows: int = 256
+    pack_max_shared_bytes: int = 1 << 30  # estimated activations of a pass several models share
 
 
 class TrainerWorker:
@@ -98,6 +105,7 @@ class TrainerWorker:
         # served here again, so a paused-then-resumed worker cannot take them back.
         self._lost: set[str] = set()
         self._state = threading.Lock()  # compute, parking and restoring of any model
+        self.packer = Packer(self, options.pack_linger if options.pack else 0.0, enabled=options.pack)
         self._handlers: dict[str, Callable[[Event], dict]] = {
             te.FORWARD_BACKWARD["requested"]: self._forward_backward,
             te.OPTIM_STEP["requested"]: self._optim_step,
@@ -121,6 +129,15 @@ class TrainerWorker:
 
     def run_once(self, timeout: float = 1.0) -> int:
         records = self.consumer.poll(max_records=64, timeout=timeout)
+        if records and self.packer.should_linger():
+            # Several LoRA models are training: a moment more gathers their requests into
+            # shared passes (the SDKs send them a few milliseconds apart).
+            deadline = time.monotonic() + self.packer.linger
+            while (remaining := deadline - time.monotonic()) > 0:
+                more = self.consumer.poll(max_records=64, timeout=remaining)
+                if not more:
+                    break
+                records += more
         # Everything of a model that this poll makes ready runs in one turn of its job (a
         # forward_backward and the optim_step the SDK sent right after it, say): fewer
         # switches, fewer parks, and one model's step is not interleaved with others'.
@@ -129,8 +146,11 @@ class TrainerWorker:
             self.offsets.polled(record)
             self._receive(record)
         ready, self._ready = self._ready, {}
+        for base, members in self.packer.take(ready).items():
+            self.packer.run(base, members)
         for items in ready.values():
-            self._run_ready(items)
+            if items:
+                self._run_ready(items)
         settled = self.recovery.settle(self.slots)
         for tenant, snapshot in settled:
             event = new_event(SNAPSHOT_TAKEN, snapshot, tenant=tenant, source=SOURCE, key=snapshot.model_id)
@@ -171,6 +191,7 @@ class TrainerWorker:
         if slot is None:
             self._fail(event, NotFound(f"model {model_id!r} is not loaded on this trainer"))
             return
+        self.packer.saw(model_id)
         offer = slot.gate.offer(event.data.seq_id, (record, event))
         if offer.duplicate:
             return  # already applied (a redelivery); its completion was emitted then
@@ -268,7 +289,11 @@ class TrainerWorker:
         if key not in self._lora:
             from functions.trainer.engine import TrainerEngine
 
-            engine = TrainerEngine(self.models.files(base_model), device=self.device)
+            engine = TrainerEngine(
+                self.models.files(base_model), device=self.device,
+                max_padded_tokens=self.options.pack_max_tokens, max_rows=self.options.pack_max_rows,
+                max_shared_pass_bytes=self.options.pack_max_shared_bytes,
+            )  # fmt: skip
             # The frozen base is resident for as long as this worker lives: it never parks.
             self.slicer.register(f"{self.instance}/base/{key}", engine.base_bytes(), self.slicer_device, parkable=False, resident=True)
             self._lora[key] = engine
@@ -400,6 +425,10 @@ class TrainerWorker:
         batch = [record.to_datum() for record in data.data]
         validate_batch(batch, data.loss_fn, files.vocab_size, files.max_context)
         output = self._engine(slot).forward_backward(data.model_id, batch, data.loss_fn, data.loss_fn_config, data.forward_only)
+        return self.forward_backward_result(output)
+
+    @staticmethod
+    def forward_backward_result(output) -> dict:
         outputs = [{"logprobs": Array.from_numpy(lp).model_dump()} for lp in output.logprobs]
         return {"result": {"loss_fn_output_type": "ArrayRecord", "loss_fn_outputs": outputs, "metrics": output.metrics}}
 

@@ -24,6 +24,18 @@ def test_small_requests_of_many_models_share_passes():
     assert len(passes) == 1 and [u.request for u in passes[0]] == list(range(8))
 
 
+def test_big_units_share_no_pass_beyond_the_shared_bound():
+    """8 models x 8 x 128 tokens: each unit (1,024 tokens) alone is fine, two together are over
+    the shared bound, so every model runs in a pass of its own; small ones still share."""
+    big = plan([[128] * 8] * 8, max_tokens=8192, max_rows=256, max_shared_tokens=1536)
+    assert [len(p) for p in big] == [1] * 8 and all(p[0].tokens == 1024 for p in big)
+    small = plan([[32, 32]] * 8, max_tokens=8192, max_rows=256, max_shared_tokens=1536)
+    assert [len(p) for p in small] == [8]
+    assert plan([[32, 32]] * 8, 8192, 256, max_shared_tokens=256) == [
+        list(p) for p in plan([[32, 32]] * 8, 256, 256)
+    ]  # the shared bound acts like a token bound on shared passes
+
+
 def test_a_pass_never_holds_two_units_of_one_model():
     passes = plan([[16] * 10, [16]], max_tokens=64, max_rows=100)
     for members in passes:
@@ -43,14 +55,16 @@ def test_random_plans_keep_every_invariant():
     for _ in range(200):
         requests = [[rng.randint(1, 200) for _ in range(rng.randint(1, 9))] for _ in range(rng.randint(1, 8))]
         max_tokens, max_rows = rng.choice([64, 256, 1024, 4096]), rng.choice([2, 8, 64])
+        shared = rng.choice([None, 16, 128, 512])
         models = [rng.choice("abc") for _ in requests]
-        passes = plan(requests, max_tokens, max_rows, models)
+        passes = plan(requests, max_tokens, max_rows, models, max_shared_tokens=shared)
         seen = {i: [] for i in range(len(requests))}
         for position, members in enumerate(passes):
             assert len({u.bucket for u in members}) == 1
             assert len({models[u.request] for u in members}) == len(members)
             if len(members) > 1:
-                assert sum(u.tokens for u in members) <= max_tokens and sum(len(u.datums) for u in members) <= max_rows
+                assert sum(u.tokens for u in members) <= min(max_tokens, shared or max_tokens)
+                assert sum(len(u.datums) for u in members) <= max_rows
             for u in members:
                 seen[u.request].append((position, u))
         for index, lengths in enumerate(requests):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -66,7 +68,7 @@ def test_two_half_batches_accumulate_to_the_whole_batch(engine):
     engine.create_adapter("whole", LoraConfig(rank=4, seed=5))
     engine.create_adapter("halves", LoraConfig(rank=4, seed=5))
     whole = engine.forward_backward("whole", batch, "cross_entropy", None, forward_only=False)
-    engine._max_padded_tokens = 1  # force one datum per microbatch for the halves
+    engine.limits = dataclasses.replace(engine.limits, max_tokens=1)  # one datum per microbatch for the halves
     first = engine.forward_backward("halves", batch[:2], "cross_entropy", None, forward_only=False)
     second = engine.forward_backward("halves", batch[2:], "cross_entropy", None, forward_only=False)
     assert first.metrics["loss:sum"] + second.metrics["loss:sum"] == pytest.approx(whole.metrics["loss:sum"], rel=1e-5)

@@ -129,3 +129,65 @@ def test_offsets_are_not_committed_past_a_held_request(rig):
     # the create_model record (offset 0) is done; the held seq 2 (offset 1) is not committed
     assert committed[(topics.topic(TENANT, "training", TINY_QWEN3), partition)] == 1
     assert held.id  # and it is still on the log for whoever takes over
+
+
+def test_several_models_forward_backward_share_a_pass_and_answer_as_alone(tmp_path, tiny_files):
+    """Three tenants' LoRA models send a forward_backward each (one also its optim_step): the
+    worker runs the three in one packed pass, one turn, and every answer and every adapter is
+    bitwise what a worker running them one at a time computes."""
+    from functions.trainer.engine import TrainerEngine
+
+    def world(name):
+        log = EmbeddedLog(tmp_path / f"{name}.db")
+        codec = Codec(BlobStore(tmp_path / f"{name}-blobs"))
+        publisher = EventPublisher(log, codec)
+        worker = TrainerWorker(log, publisher, codec.blobs, ModelDirectory(Catalog.from_names([TINY_QWEN3])))
+        return worker, publisher, log.consumer("c", pattern=topics.pattern("completions")), log
+
+    models = [("alice", "s1:train:0", 4, (1, 2, 3, 4, 5, 6)), ("bob", "s2:train:0", 8, (7, 8, 9, 10)),
+              ("carol", "s3:train:0", 16, (11, 12, 13, 14, 15, 16, 17, 18, 19))]  # fmt: skip
+
+    def send_all(publisher, rounds):
+        for tenant, model_id, rank, _ in models:
+            create = te.CreateModelRequested(request_id=f"create-{model_id}", session_id=model_id.split(":")[0], model_id=model_id,
+                                             model_seq_id=0, base_model=TINY_QWEN3, lora_config=LoraConfig(rank=rank, seed=rank))  # fmt: skip
+            publisher.publish(topics.topic(tenant, "training", TINY_QWEN3), new_event(te.CREATE_MODEL["requested"], create, tenant=tenant, source="/t", key=model_id))
+        for round_ in rounds:
+            for tenant, model_id, _rank, tokens in round_:
+                payload = te.ForwardBackwardRequested(request_id=f"fb-{model_id}", model_id=model_id, seq_id=1, loss_fn="cross_entropy",
+                                                      data=[datum(tokens)])  # fmt: skip
+                publisher.publish(topics.topic(tenant, "training", TINY_QWEN3), new_event(te.FORWARD_BACKWARD["requested"], payload, tenant=tenant, source="/t", key=model_id))
+
+    calls = []
+    original = TrainerEngine.forward_backward_many
+
+    def spy(self, requests):
+        calls.append([r.model_id for r in requests])
+        return original(self, requests)
+
+    # packed: everything on the log before the worker looks
+    worker, publisher, completions, log = world("packed")
+    send_all(publisher, [models])
+    TrainerEngine.forward_backward_many = spy
+    try:
+        packed = {e.data.request_id: e for e in pump(worker, completions, 6)}
+    finally:
+        TrainerEngine.forward_backward_many = original
+    assert sorted(len(c) for c in calls)[-1] == 3, calls  # one pass served all three
+    # alone: one model's request at a time
+    alone_worker, alone_publisher, alone_completions, alone_log = world("alone")
+    send_all(alone_publisher, [])
+    pump(alone_worker, alone_completions, 3)
+    alone = {}
+    for tenant, model_id, _rank, tokens in models:
+        payload = te.ForwardBackwardRequested(request_id=f"fb-{model_id}", model_id=model_id, seq_id=1, loss_fn="cross_entropy", data=[datum(tokens)])
+        alone_publisher.publish(topics.topic(tenant, "training", TINY_QWEN3), new_event(te.FORWARD_BACKWARD["requested"], payload, tenant=tenant, source="/t", key=model_id))
+        alone.update({e.data.request_id: e for e in pump(alone_worker, alone_completions, 1)})
+    for _tenant, model_id, _rank, _tokens in models:
+        key = f"fb-{model_id}"
+        assert packed[key].data.result == alone[key].data.result
+        want = alone_worker.engine(TINY_QWEN3).adapter_gradients(model_id)
+        have = worker.engine(TINY_QWEN3).adapter_gradients(model_id)
+        assert all(np.array_equal(want[k], have[k]) for k in want)
+    log.close()
+    alone_log.close()

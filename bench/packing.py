@@ -1,0 +1,178 @@
+"""Several tenants' LoRA models in one pass against one after another, side by side.
+
+(a) Engine: 8 LoRA models (ranks 8-32) on one base model, one forward_backward each, run by
+    `TrainerEngine.forward_backward_many` as shared passes (bitwise as alone) against 8
+    `forward_backward` calls one after another; small requests (2 x 32 tokens each) and large
+    ones (8 x 128 each). Alternating A/B; medians and the median of the pair ratios.
+(b) Service: 4 RL jobs (sample a group, grade with a small environment latency, train,
+    publish) through the tinker SDK against `openrl serve`, all at once against one job
+    alone: aggregate steps per second.
+
+Targets: (a) small >= 1.5x on SmolLM2, large >= 0.95x; (b) >= 2.5x.
+
+    .venv/bin/python bench/packing.py [--models tiny,smol] [--rounds 5] [--skip-engine] [--skip-service]
+
+(b) also runs the 4 jobs with packing switched off (OPENRL_TRAINER_PACKING=false), to show what
+the shared passes add on top of overlapping one job's environment wait with another's compute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+MODELS = {"tiny": "openrl/tiny-qwen3", "smol": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+
+
+def requests(rows: int, length: int, seed: int = 0):
+    from functions.trainer.engine import PackRequest
+    from openrl_core.datum import Datum
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for model in range(8):
+        batch = []
+        for _ in range(rows):
+            tokens = rng.integers(100, 20000, size=length + 1)
+            batch.append(Datum(tokens[:-1].astype(np.int64), {"target_tokens": tokens[1:].astype(np.int64),
+                                                               "weights": np.ones(length, np.float32)}))  # fmt: skip
+        out.append(PackRequest(f"m{model}", batch, "cross_entropy", None, False))
+    return out
+
+
+def engine_bench(name: str, rounds: int) -> None:
+    import torch
+
+    from functions.compute.models import ModelDirectory
+    from functions.trainer.engine import TrainerEngine
+    from openrl_core.catalog import Catalog
+    from openrl_core.params import LoraConfig
+
+    engine = TrainerEngine(ModelDirectory(Catalog.from_names([name])).files(name))
+    for i in range(8):
+        engine.create_adapter(f"m{i}", LoraConfig(rank=(8, 16, 32)[i % 3], seed=i))
+    for label, rows, length in (("small (8 models x 2 x 32 tokens)", 2, 32), ("large (8 models x 8 x 128 tokens)", 8, 128)):
+        batch = requests(rows, length)
+        packed_t, alone_t = [], []
+        for _ in range(rounds + 1):
+            for model in range(8):
+                for p in engine._adapters[f"m{model}"].params.values():
+                    p.grad = None
+            started = time.perf_counter()
+            engine.forward_backward_many(batch)
+            packed_t.append(time.perf_counter() - started)
+            for model in range(8):
+                for p in engine._adapters[f"m{model}"].params.values():
+                    p.grad = None
+            started = time.perf_counter()
+            for r in batch:
+                engine.forward_backward(r.model_id, r.batch, r.loss_fn, r.loss_fn_config, r.forward_only)
+            alone_t.append(time.perf_counter() - started)
+        packed_t, alone_t = packed_t[1:], alone_t[1:]  # the first round warms caches up
+        ratio = statistics.median(a / p for a, p in zip(alone_t, packed_t))
+        print(f"{name:<38} {label:<36} packed {statistics.median(packed_t):6.3f} s  one by one "
+              f"{statistics.median(alone_t):6.3f} s  speed-up {ratio:.2f}x  (threads {torch.get_num_threads()})", flush=True)  # fmt: skip
+
+
+SERVICE_MODEL = MODELS["smol"]
+RL_JOBS = 4
+GROUP, PROMPT_TOKENS, MAX_TOKENS = 4, 24, 8
+
+
+def rl_job(url: str, key: str, seed: int, steps: int, env_seconds: float, out: dict) -> None:
+    """An RL loop as a researcher writes it: sample a group, grade (the environment takes
+    `env_seconds`), importance_sampling forward_backward + optim_step, publish the weights."""
+    import tinker
+    from tinker import types
+
+    service = tinker.ServiceClient(base_url=url, api_key=key)
+    training = service.create_lora_training_client(base_model=SERVICE_MODEL, rank=8, seed=seed).result()
+    rng = np.random.default_rng(seed)
+    sampler = training.save_weights_and_get_sampling_client().result()
+    rewards = []
+    for step in range(steps):
+        prompt = rng.integers(100, 20000, size=PROMPT_TOKENS).tolist()
+        result = sampler.sample(types.ModelInput.from_ints(prompt), num_samples=GROUP,
+                                sampling_params=types.SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, seed=seed * 1000 + step)).result()  # fmt: skip
+        time.sleep(env_seconds)
+        group = [sum(1 for t in seq.tokens if t % 2 == 0) / max(1, len(seq.tokens)) for seq in result.sequences]
+        baseline = sum(group) / len(group)
+        data = []
+        for seq, reward in zip(result.sequences, group):
+            tokens = prompt + seq.tokens
+            n, ob = len(tokens) - 1, len(prompt) - 1
+            data.append(types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={
+                "target_tokens": tokens[1:], "logprobs": ([0.0] * ob + list(seq.logprobs))[:n],
+                "advantages": ([0.0] * ob + [reward - baseline] * len(seq.tokens))[:n]}))  # fmt: skip
+        fb = training.forward_backward(data, "importance_sampling")
+        opt = training.optim_step(types.AdamParams(learning_rate=1e-3))
+        next_sampler = training.save_weights_and_get_sampling_client()
+        fb.result(), opt.result()
+        sampler = next_sampler.result()
+        rewards.append(float(np.mean(group)))
+    out[seed] = rewards
+    service.close("success").result()
+
+
+def rl_run(url: str, jobs: int, steps: int, env_seconds: float) -> float:
+    """Aggregate RL steps per second of `jobs` concurrent jobs (two tenants)."""
+    import threading
+
+    out: dict = {}
+    keys = ["tml-bench-alice", "tml-bench-bob"]
+    threads = [threading.Thread(target=rl_job, args=(url, keys[i % 2], 100 + i, steps, env_seconds, out)) for i in range(jobs)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - started
+    assert len(out) == jobs, "a job failed"
+    return jobs * steps / wall
+
+
+def service_bench(steps: int, env_seconds: float) -> None:
+    import tempfile
+    from pathlib import Path
+
+    from functions.local_server import LocalServer
+
+    keys = "alice=tml-bench-alice,bob=tml-bench-bob"
+    rows = {}
+    for label, packing in (("packing on", "true"), ("packing off", "false")):
+        server = LocalServer(Path(tempfile.mkdtemp(prefix="openrl-pack-bench-")), [SERVICE_MODEL], keys,
+                             extra_env={"OPENRL_TRAINER_PACKING": packing, "OPENRL_SNAPSHOT_EVERY_STEPS": "0"}).wait_ready()  # fmt: skip
+        try:
+            rl_run(server.url, 1, 2, env_seconds)  # warm-up: the base model loads, kernels warm
+            one = rl_run(server.url, 1, steps, env_seconds)
+            many = rl_run(server.url, RL_JOBS, steps, env_seconds)
+        finally:
+            server.stop()
+        rows[label] = (one, many)
+        print(f"{SERVICE_MODEL} RL ({label}), {GROUP} samples x {MAX_TOKENS} tokens, environment {env_seconds:.2f} s: "
+              f"1 job {one:.3f} steps/s, {RL_JOBS} jobs {many:.3f} steps/s together: {many / one:.2f}x", flush=True)  # fmt: skip
+    on, off = rows["packing on"][1], rows["packing off"][1]
+    print(f"{RL_JOBS} jobs, packing on against off: {on / off:.2f}x aggregate steps/s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="tiny,smol")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--skip-engine", action="store_true")
+    parser.add_argument("--skip-service", action="store_true")
+    parser.add_argument("--steps", type=int, default=6, help="RL steps per job in (b)")
+    parser.add_argument("--env-seconds", type=float, default=0.25, help="the environment's grading latency in (b)")
+    args = parser.parse_args()
+    if not args.skip_engine:
+        for key in args.models.split(","):
+            engine_bench(MODELS[key], args.rounds)
+    if not args.skip_service:
+        service_bench(args.steps, args.env_seconds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""The trainer worker's packing: ready forward_backward requests of several LoRA models on one
+base model, across tenants, run as shared passes in one turn.
+
+From what one poll (plus a short linger, only while two or more LoRA models are active) made
+ready, each LoRA model's leading run of forward_backward / forward requests is taken out of
+its queue; the requests of all such models on one base model then run in one timeslicer
+turn that covers every one of their jobs (`also`), through `TrainerEngine.
+forward_backward_many` (bitwise what each would compute alone). What follows a model's
+leading run (an optim_step, a save) stays queued and runs after, in the model's own turn,
+so seq order and the optim_step barrier hold. A full fine-tuning run is never packed. A
+request that fails (bad shape, unknown loss config) fails alone; if the turn itself cannot
+be had, every request of the pack falls back to its model's own turn.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from functions.timeslicer.client import Fenced
+from functions.trainer.recovery import position
+from openrl_core.datum import validate_batch
+from openrl_core.events import training as te
+from openrl_core.events.lifecycle import RequestCompleted
+
+if TYPE_CHECKING:
+    from functions.trainer.worker import TrainerWorker
+
+log = logging.getLogger(__name__)
+PACKABLE = {te.FORWARD_BACKWARD["requested"]}
+ACTIVE_SECONDS = 10.0  # a model counts as active this long after its last request
+
+
+class Packer:
+    def __init__(self, worker: "TrainerWorker", linger: float, enabled: bool = True) -> None:
+        self.worker = worker
+        self.linger = linger
+        self.enabled = enabled
+        self._last_seen: dict[str, float] = {}  # LoRA model -> when a request of it last arrived
+
+    def saw(self, model_id: str) -> None:
+        slot = self.worker.slots.get(model_id)
+        if slot is not None and not slot.full:
+            self._last_seen[model_id] = time.monotonic()
+
+    def should_linger(self) -> bool:
+        """Wait a moment for more requests only while several LoRA models are training."""
+        if self.linger <= 0:
+            return False
+        horizon = time.monotonic() - ACTIVE_SECONDS
+        self._last_seen = {m: t for m, t in self._last_seen.items() if t >= horizon}
+        return len(self._last_seen) >= 2
+
+    def take(self, ready: dict[str, list]) -> dict[str, list]:
+        """Remove the packable leading requests from `ready`: base model -> [(model, items)],
+        only for base models with two or more models to pack."""
+        groups: dict[str, list] = {}
+        if not self.enabled:
+            return {}
+        for model_id, items in ready.items():
+            slot = self.worker.slots.get(model_id)
+            if slot is None or slot.full:
+                continue
+            count = 0
+            while count < len(items) and items[count][1][1].type in PACKABLE:
+                count += 1
+            if count:
+                groups.setdefault(self.worker.models.canonical(slot.base_model), []).append((model_id, count))
+        packs = {}
+        for base, members in groups.items():
+            if len(members) < 2:
+                continue
+            packs[base] = [(model_id, ready[model_id][:count]) for model_id, count in members]
+            for model_id, count in members:
+                ready[model_id] = ready[model_id][count:]
+        return packs
+
+    def run(self, base: str, members: list) -> None:
+        worker = self.worker
+        items = [(model_id, record, event) for model_id, ready in members for _seq, (record, event) in ready]
+        for model_id, record, _event in items:
+            worker.offsets.release(record.topic, record.partition, record.offset)
+            worker.slots[model_id].applied(position(record))
+        models = list(dict.fromkeys(model_id for model_id, _record, _event in items))
+        engine = worker.engine(base)
+        files = worker.models.files(base)
+        from functions.trainer.engine import PackRequest
+
+        requests, checked = [], []
+        for model_id, _record, event in items:
+            data = event.data
+            try:
+                batch = [datum.to_datum() for datum in data.data]
+                validate_batch(batch, data.loss_fn, files.vocab_size, files.max_context)
+            except Exception as exc:  # this request's own failure
+                worker._fail(event, exc)
+                continue
+            requests.append(PackRequest(model_id, batch, data.loss_fn, data.loss_fn_config, data.forward_only))
+            checked.append(event)
+        if not requests:
+            return
+        jobs = [worker._job(model_id) for model_id in models]
+        computed = False
+        try:
+            with worker.slicer.turn(jobs[0], also=tuple(jobs[1:])) as turn:
+                with worker._state:
+                    for model_id in models:
+                        worker._ensure_resident(model_id, turn)
+                    results = engine.forward_backward_many(requests)
+                    computed = True
+                lease = turn.confirm()
+        except Fenced as fenced:
+            # The models changed hands (a replacement worker with this identity): drop them,
+            # publish nothing; the replacement replays these requests.
+            log.error("trainer: models %s were taken over (%s); dropping them here", models, fenced.detail)
+            for model_id in models:
+                worker._lost.add(model_id)
+                worker._forget(model_id)
+            return
+        except Exception as exc:
+            if computed:  # the gradients are in: running again would apply them twice
+                for event in checked:
+                    worker._fail(event, exc)
+                return
+            log.exception("trainer: no packed turn on %s; its requests run one model at a time", base)
+            for _model_id, ready in members:
+                worker._run_ready(ready)
+            return
+        for event, result in zip(checked, results):
+            if isinstance(result, Exception):
+                worker._fail(event, result)
+            else:
+                payload = RequestCompleted(request_id=event.data.request_id, **worker.forward_backward_result(result))
+                worker._emit(event, "completed", payload, lease)
+        log.debug("trainer: packed %d requests of %d models on %s", len(requests), len(models), base)
+
