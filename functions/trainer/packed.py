@@ -1,27 +1,30 @@
 """Forward (and backward) passes shared by several LoRA models on one base: each row its adapter.
 
-`run(peft, requests, params, limits)` plans passes (`openrl_core.packing`), and for
-each pass right-pads its rows to the pass's bucket, runs the shared decoder once with PEFT's
-per-row adapters (`adapter_names`: every LoRA layer applies each adapter to its own rows
-only), then, unit by unit, projects the unit's positions through lm_head with the unit's
-own adapter, computes its datums' Tinker losses and sums the units' losses into one
-backward (the sum's gradient is 1 for every unit, so each unit gets exactly its own).
+`run(peft, requests, params, limits)` plans passes (`openrl_core.packing`), and for each pass
+right-pads its rows to the pass's bucket, runs the shared decoder once with every LoRA layer
+applying each unit's adapter to that unit's rows only (`_unit_adapters`), projects the pass's
+positions through lm_head in shared chunks, each unit's LoRA on lm_head added into its own
+rows (`_unit_logprobs`), computes each unit's Tinker losses and sums them into one backward
+(the sum's gradient is 1 for every unit, so each unit gets exactly its own).
 
 Why this is bitwise what a model computes alone: alone is this same code with one request,
 and nothing a row computes depends on its neighbours: its padded length is its bucket, every
-product has at least 16 rows, a unit's adapter products and lm_head chunks cover exactly that
-unit, and a model's units run in the same order. Requests are checked before anything runs,
+product of the base weights has at least 16 rows, a unit's adapter products cover exactly
+its rows, and a model's units run in the same order. Requests are checked before anything runs,
 so a bad one fails alone; if a pass fails anyway, its requests run again one by one so only
 the failing one reports the error.
 """
 
 from __future__ import annotations
 
+import functools
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from functions.trainer import batching, passes
 from functions.trainer.passes import ForwardBackwardResult
@@ -96,21 +99,18 @@ def _run_pass(peft, units: list[packing.Unit], requests: list[Request], logprobs
         n = int(datum.tokens_N.size)
         tokens_B_T[row, :n] = torch.from_numpy(np.asarray(datum.tokens_N, dtype=np.int64))
         mask_B_T[row, :n] = 1
-    names = [requests[unit.request].adapter for unit, _datum in rows]
     train = any(not requests[u.request].forward_only for u in units)
     decoder, lm_head = peft.get_decoder(), peft.get_output_embeddings()
     with torch.set_grad_enabled(train):
-        with peft.base_model._enable_peft_forward_hooks(adapter_names=names):
+        with _unit_adapters(decoder, [len(unit.datums) for unit in units], [requests[u.request].adapter for u in units]):
             hidden_B_T_H = decoder(
                 input_ids=tokens_B_T.to(device), attention_mask=mask_B_T.to(device), use_cache=False
             ).last_hidden_state
-        total, start = None, 0
-        for unit in units:
+        micros = [[requests[unit.request].batch[i] for i in unit.datums] for unit in units]
+        per_unit = _unit_logprobs(lm_head, hidden_B_T_H, units, micros, [requests[u.request].adapter for u in units])
+        total = None
+        for unit, micro, logprobs_D in zip(units, micros, per_unit):
             request = requests[unit.request]
-            micro = [request.batch[i] for i in unit.datums]
-            hidden = hidden_B_T_H[start : start + len(micro)]
-            start += len(micro)
-            logprobs_D = batching.logprobs_from_hidden(lm_head, hidden, micro, request.adapter)
             loss = passes.batch_loss(request.loss_fn, request.config, micro, logprobs_D, device)
             losses[unit.request] += float(loss.detach())
             for index, logprobs_S in zip(unit.datums, logprobs_D):
@@ -119,3 +119,127 @@ def _run_pass(peft, units: list[packing.Unit], requests: list[Request], logprobs
                 total = loss if total is None else total + loss
         if total is not None and total.requires_grad:
             total.backward()
+
+
+@contextmanager
+def _unit_adapters(decoder, sizes: list[int], names: list[str]):
+    """Every LoRA linear layer of the decoder applies, to each unit's rows (consecutive, `sizes`
+    of them), that unit's adapter (`names`) only.
+
+    Why not PEFT's own mixed-adapter batch (`adapter_names`): it gathers and scatters each
+    adapter's rows by index, and the backward of every gather fills a zero tensor the size of
+    the whole input, per adapter and layer: with eight adapters that ate the gain of sharing
+    the pass. Units are contiguous here, so a split (whose backward is a concatenation) and a
+    concatenation do the same with no fills; each unit's LoRA product covers exactly its rows,
+    as alone.
+    """
+    layers = [m for m in decoder.modules() if isinstance(getattr(m, "lora_A", None), torch.nn.ModuleDict)]
+
+    def forward(layer, x, *args, **kwargs):
+        result = layer.base_layer(x, *args, **kwargs)
+        parts = []
+        for part, name in zip(x.split(sizes, dim=0), names):
+            if name in layer.lora_A:
+                down = layer.lora_A[name](layer.lora_dropout[name](part.to(layer.lora_A[name].weight.dtype)))
+                parts.append((layer.lora_B[name](down) * layer.scaling[name]).to(result.dtype))
+            else:  # this adapter does not train this layer
+                parts.append(result.new_zeros((part.shape[0], *result.shape[1:])))
+        return result + (parts[0] if len(parts) == 1 else torch.cat(parts))
+
+    for layer in layers:
+        layer.forward = functools.partial(forward, layer)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer.forward  # back to the class's own forward
+
+
+def _unit_logprobs(lm_head, hidden_B_T_H: torch.Tensor, units, micros, adapters: list[str]) -> list[list[torch.Tensor]]:
+    """Per unit, its datums' target logprobs, with lm_head shared by the units of a pass.
+
+    The vocabulary projection is a large share of a small pass, so units share its products:
+    each unit's positions (real tokens only, concatenated) form a *segment*, padded with zero
+    rows to at least `packing.PAD_MULTIPLE` rows (below that the CPU kernels take a path whose
+    bits depend on the row count); segments that fit one logits chunk are stacked into shared
+    chunks, where the base projection runs once over every row and each unit's LoRA on
+    lm_head is added into its own rows only (so its gradient is a product over exactly its
+    rows, as alone). A segment longer than a chunk is chunked on its own, as it is alone.
+    """
+    rows_per_chunk = max(packing.PAD_MULTIPLE, batching.LOGITS_CHUNK_ELEMENTS // lm_head.weight.shape[0])
+    device = hidden_B_T_H.device
+    segments = []  # (unit index, hidden_P_H padded, targets_P_K padded, real positions, widths)
+    start = 0
+    for index, micro in enumerate(micros):
+        lengths = [int(d.tokens_N.size) for d in micro]
+        hidden_P_H = torch.cat([hidden_B_T_H[start + row, :n] for row, n in enumerate(lengths)])
+        start += len(micro)
+        targets_P_K, widths = batching._stack_targets(micro, device)
+        real = hidden_P_H.shape[0]
+        if real < packing.PAD_MULTIPLE:
+            pad = packing.PAD_MULTIPLE - real
+            hidden_P_H = torch.cat([hidden_P_H, hidden_P_H.new_zeros(pad, hidden_P_H.shape[1])])
+            targets_P_K = torch.cat([targets_P_K, targets_P_K.new_full((pad, targets_P_K.shape[1]), batching.PAD_TOKEN)])
+        segments.append((index, hidden_P_H, targets_P_K, real, widths))
+    outputs: list[torch.Tensor | None] = [None] * len(micros)
+    shared: list = []
+
+    def flush():
+        if not shared:
+            return
+        hidden_C_H = torch.cat([seg[1] for seg in shared])
+        targets_C_K = torch.cat([seg[2] for seg in shared])
+        spans, offset = [], 0
+        for index, hidden_P_H, _t, real, _w in shared:
+            spans.append((offset, offset + real, adapters[index]))
+            offset += hidden_P_H.shape[0]
+        if torch.is_grad_enabled():
+            logprobs_C_K = checkpoint(_shared_chunk, lm_head, hidden_C_H, targets_C_K, tuple(spans), use_reentrant=False)
+        else:
+            logprobs_C_K = _shared_chunk(lm_head, hidden_C_H, targets_C_K, tuple(spans))
+        offset = 0
+        for index, hidden_P_H, _t, real, _w in shared:
+            outputs[index] = logprobs_C_K[offset : offset + real]
+            offset += hidden_P_H.shape[0]
+        shared.clear()
+
+    for segment in segments:
+        index, hidden_P_H, targets_P_K, real, _widths = segment
+        if hidden_P_H.shape[0] > rows_per_chunk:  # chunked on its own, exactly as alone
+            pieces = []
+            for first in range(0, real, rows_per_chunk):
+                span = ((0, min(rows_per_chunk, real - first), adapters[index]),)
+                args = (lm_head, hidden_P_H[first : first + rows_per_chunk], targets_P_K[first : first + rows_per_chunk], span)
+                pieces.append(checkpoint(_shared_chunk, *args, use_reentrant=False) if torch.is_grad_enabled() else _shared_chunk(*args))
+            outputs[index] = torch.cat(pieces)
+            continue
+        if shared and sum(seg[1].shape[0] for seg in shared) + hidden_P_H.shape[0] > rows_per_chunk:
+            flush()
+        shared.append(segment)
+    flush()
+    out = []
+    for (index, _h, _t, _real, widths), micro in zip(segments, micros):
+        logprobs_P_K, per_datum, offset = outputs[index], [], 0
+        for datum, width in zip(micro, widths):
+            n = int(datum.tokens_N.size)
+            per_datum.append(logprobs_P_K[offset : offset + n, :width].reshape(datum.loss_fn_inputs["target_tokens"].shape))
+            offset += n
+        out.append(per_datum)
+    return out
+
+
+def _shared_chunk(lm_head, hidden_C_H: torch.Tensor, targets_C_K: torch.Tensor, spans) -> torch.Tensor:
+    """Target logprobs of a chunk of rows: the base projection over all of them, then each
+    span's adapter (LoRA on lm_head) added into its rows only."""
+    lora_A = getattr(lm_head, "lora_A", None)
+    if lora_A is None:
+        logits_C_V = lm_head(hidden_C_H)
+    else:
+        logits_C_V = lm_head.base_layer(hidden_C_H)
+        for first, last, name in spans:
+            if name in lora_A and last > first:
+                down_S_R = torch.nn.functional.linear(hidden_C_H[first:last], lora_A[name].weight) * lm_head.scaling[name]
+                logits_C_V[first:last].addmm_(down_S_R, lm_head.lora_B[name].weight.t())
+    logits_C_V = logits_C_V.float()
+    logsumexp_C = torch.logsumexp(logits_C_V, dim=-1, keepdim=True)
+    return logits_C_V.gather(-1, targets_C_K) - logsumexp_C
