@@ -287,7 +287,9 @@ class VllmEngine:
             tokens, logprobs = answer["tokens"], answer["logprobs"]
             if job.params.max_tokens == 0:
                 tokens, logprobs = [], []
-            stop_reason = "length"
+            # vLLM stopped on a stop id or string; the rule below finds where (and agrees but
+            # for detokenisation corner cases, where vLLM's word is kept).
+            stop_reason = "stop" if answer["finish_reason"] == "stop" and job.params.max_tokens != 0 else "length"
             # The same rule as the torch engine, token by token: vLLM's stop strings match its
             # own incremental detokenisation, which may end a row a token later or earlier.
             for end in range(1, len(tokens) + 1):
