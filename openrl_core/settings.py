@@ -161,7 +161,9 @@ class Settings(BaseSettings):
     vllm_max_loras: int = Field(
         4, ge=1, description="LoRA slots of a vLLM engine: adapters one step runs together (more in a batch wait their turn)"
     )
-    vllm_max_lora_rank: int = Field(64, ge=1, description="largest LoRA rank a vLLM engine accepts (fixed at start)")
+    vllm_max_lora_rank: int = Field(
+        32, ge=1, le=512, description="LoRA rank a vLLM engine sizes its slots for at start; a higher-rank adapter restarts it"
+    )
     vllm_kv_cache_gib: float = Field(1.0, gt=0, description="vLLM KV cache size on CPU, GiB")
     vllm_gpu_memory_utilization: float = Field(
         0.5, gt=0, le=1, description="share of GPU memory a vLLM engine may take on CUDA (weights and KV cache)"

@@ -57,6 +57,8 @@ MISSING_ENV = "vLLM engine needs its own environment: run `make vllm` (builds {e
 HEADER = struct.Struct(">I")
 SEED_MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant: rows of one seed get far-apart seeds
 SEED_MASK = 2**63 - 1
+# The ranks vLLM can size its LoRA slots for (vllm.config.lora.MaxLoRARanks, 0.32).
+LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
 
 
 class VllmEnvMissing(ServerError):
@@ -94,6 +96,14 @@ def vllm_python(env: Optional[Path]) -> Path:
     return python
 
 
+def lora_slot_rank(rank: int) -> int:
+    """The smallest rank vLLM can size its LoRA slots for that holds `rank`."""
+    for slot in LORA_RANKS:
+        if slot >= rank:
+            return slot
+    raise InvalidRequest(f"LoRA rank {rank} is above vLLM's largest, {LORA_RANKS[-1]}")
+
+
 def row_seed(seed: Optional[int], row: int) -> Optional[int]:
     return None if seed is None else (seed + row * SEED_MIX) & SEED_MASK
 
@@ -116,6 +126,9 @@ class VllmEngine:
         self._stale = False  # the shadow changed since vLLM last loaded it
         self._lock = threading.Lock()  # one request in flight on the pipe
         self._proc: Optional[subprocess.Popen] = None
+        # vLLM sizes its LoRA slots for one rank at start; an adapter of a higher rank
+        # restarts the process with room for it (see load_adapter).
+        self.lora_rank = lora_slot_rank(options.max_lora_rank)
         self._start()
         atexit.register(self.close)
 
@@ -125,7 +138,7 @@ class VllmEngine:
         config = {
             "model": str(self.files.path), "dtype": self.options.dtype, "max_model_len": self.files.max_context,
             "max_num_seqs": self.options.max_num_seqs, "max_loras": self.options.max_loras,
-            "max_lora_rank": self.options.max_lora_rank, "max_cpu_loras": self.options.max_cpu_loras,
+            "max_lora_rank": self.lora_rank, "max_cpu_loras": self.options.max_cpu_loras,
             "max_logprobs": MAX_TOPK_PROMPT_LOGPROBS,
         }  # fmt: skip
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
@@ -171,7 +184,18 @@ class VllmEngine:
                 pass  # _read reports the exit
             return self._read()
 
-    def close(self) -> None:
+    def _restart(self, lora_rank: int) -> None:
+        """A new vLLM process with LoRA slots of `lora_rank`, holding the same adapters and
+        weights as this one (a full run's weights are reloaded at the next sample)."""
+        log.info("vLLM engine for %s: restarting for LoRA rank %d (was %d)", self.files.name, lora_rank, self.lora_rank)
+        self._stop()
+        self.lora_rank = lora_rank
+        self._start()
+        for lora_id in self._adapters.values():
+            self._call("add_lora", id=lora_id, path=str(self._dir / f"lora-{lora_id}"))
+        self._stale = self._shadow is not None
+
+    def _stop(self) -> None:
         proc, self._proc = self._proc, None
         if proc is not None:
             try:
@@ -180,6 +204,9 @@ class VllmEngine:
             except (OSError, subprocess.TimeoutExpired):
                 proc.kill()
                 proc.wait()
+
+    def close(self) -> None:
+        self._stop()
         shutil.rmtree(self._dir, ignore_errors=True)
 
     # ------------------------------------------------------------------ interface
@@ -220,12 +247,9 @@ class VllmEngine:
             raise InvalidRequest(f"adapter {key!r} has an unreadable adapter_config.json: {exc}") from exc
         if not isinstance(config, dict) or config.get("peft_type", "LORA") != "LORA":
             raise InvalidRequest(f"adapter {key!r} is not a LoRA adapter")
-        rank = int(config.get("r", 0))
-        if rank > self.options.max_lora_rank:
-            raise InvalidRequest(
-                f"adapter {key!r} has rank {rank}; this vLLM sampler accepts at most {self.options.max_lora_rank} "
-                "(setting vllm_max_lora_rank)"
-            )
+        rank = max([int(config.get("r", 0))] + [int(r) for r in (config.get("rank_pattern") or {}).values()])
+        if rank > self.lora_rank:
+            self._restart(lora_slot_rank(rank))
         if key in self._adapters:
             self.drop_adapter(key)
         lora_id = self._next_lora
@@ -254,6 +278,8 @@ class VllmEngine:
         """Sample every job; raises InvalidRequest if any job is invalid (validate first)."""
         for job in jobs:
             self.validate(job)
+        if self._proc is None:  # the process died under an earlier batch (which failed): a new one
+            self._restart(self.lora_rank)
         if self._stale:
             self._reload_full_state()
         rules = [StopRule.from_params(job.params, self.eos_token_ids) for job in jobs]

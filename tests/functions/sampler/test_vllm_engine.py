@@ -216,6 +216,32 @@ def test_adapters_load_evict_and_refuse(vllm_engine, adapter_files, torch_engine
 
 @needs_vllm
 @pytest.mark.slow
+def test_an_adapter_of_higher_rank_restarts_the_engine_with_its_adapters(vllm_engine, torch_engine, tiny_files, tmp_path):
+    """The module's engine sizes LoRA slots for rank 8; a rank-16 adapter restarts it with
+    room for 16, and the adapters loaded before come back."""
+    from peft import LoraConfig, get_peft_model
+
+    from functions.compute.models import load_causal_lm
+
+    torch.manual_seed(9)
+    model = get_peft_model(load_causal_lm(tiny_files), LoraConfig(r=16, lora_alpha=16, target_modules=["q_proj", "up_proj"]))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0.0, 0.1)
+    model.save_pretrained(tmp_path)
+    wide = {name: (tmp_path / name).read_bytes() for name in ("adapter_model.safetensors", "adapter_config.json")}
+    torch_engine.load_adapter("wide", wide)
+    assert vllm_engine.lora_rank == 8
+    vllm_engine.load_adapter("wide", wide)
+    assert vllm_engine.lora_rank == 16
+    jobs = [greedy(PROMPT, "wide"), greedy(PROMPT, "a"), greedy(OTHER)]
+    for got, want in zip(vllm_engine.sample(jobs), torch_engine.sample(jobs)):
+        assert_close(got, want)
+
+
+@needs_vllm
+@pytest.mark.slow
 def test_full_weights_reload_matches_torch_on_the_same_weights(vllm_engine, tiny_files):
     """Full fine-tuning: weight sync patches the torch copy; the next sample reloads vLLM's
     whole state from it. Runs last: it changes this module's engine's base weights."""
