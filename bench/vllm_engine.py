@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -84,6 +85,7 @@ def bench_model(key: str, args) -> dict:
         start = time.perf_counter()
         results = engine.sample(jobs)
         elapsed = time.perf_counter() - start
+        print(f"  {key} {type(engine).__name__}: {elapsed:.2f} s", file=sys.stderr, flush=True)
         generated = sum(len(s.tokens) for r in results for s in r.sequences)
         if generated != rows * args.tokens:
             raise SystemExit(f"{type(engine).__name__} generated {generated} tokens, expected {rows * args.tokens}")
@@ -108,8 +110,14 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--adapters", type=int, default=0, help="LoRA adapters in the batch (0: base model)")
     args = parser.parse_args()
-    reports = [bench_model(key, args) for key in args.models.split(",")]
     tokens = args.prompts * args.samples * args.tokens
+    reports = []
+    for key in args.models.split(","):
+        reports.append(bench_model(key, args))
+        report(reports, args, tokens)  # each model's line as soon as it is measured
+
+
+def report(reports: list[dict], args, tokens: int) -> None:
     print(
         f"batch: {args.prompts} prompts x {args.samples} samples x {args.tokens} tokens, temperature 1, float32, "
         f"{'base model' if not args.adapters else f'{args.adapters} LoRA adapters'}; torch threads {torch.get_num_threads()}; "
@@ -120,6 +128,7 @@ def main() -> None:
         t, v = statistics.median(r["torch"]), statistics.median(r["vllm"])
         print(f"{r['model']:6} {t:8.2f} {v:8.2f} {v / t:10.2f} {tokens / t:11.0f} {tokens / v:10.0f} {r['startup']:12.1f}")
         print(f"       runs torch {' '.join(f'{x:.2f}' for x in r['torch'])} | vllm {' '.join(f'{x:.2f}' for x in r['vllm'])}")
+    sys.stdout.flush()
 
 
 # VllmEngine starts a child process; the guard keeps any re-import from running the bench again.

@@ -164,7 +164,10 @@ class Settings(BaseSettings):
     vllm_max_lora_rank: int = Field(
         32, ge=1, le=512, description="LoRA rank a vLLM engine sizes its slots for at start; a higher-rank adapter restarts it"
     )
-    vllm_kv_cache_gib: float = Field(1.0, gt=0, description="vLLM KV cache size on CPU, GiB")
+    vllm_kv_cache_gib: int = Field(1, ge=1, description="vLLM KV cache size on CPU, whole GiB")
+    vllm_dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="dtype vLLM computes in (float32 matches the torch engine to 1e-4; bfloat16 suits GPUs)"
+    )
     vllm_gpu_memory_utilization: float = Field(
         0.5, gt=0, le=1, description="share of GPU memory a vLLM engine may take on CUDA (weights and KV cache)"
     )

@@ -71,7 +71,7 @@ class VllmOptions:
     max_loras: int = 4
     max_lora_rank: int = 64
     max_cpu_loras: int = 16
-    kv_cache_gib: float = 1.0
+    kv_cache_gib: int = 1
     gpu_memory_utilization: float = 0.5
     dtype: str = "float32"
     device: str = "cpu"
@@ -82,7 +82,7 @@ class VllmOptions:
         return cls(
             env=settings.vllm_env, max_loras=settings.vllm_max_loras, max_lora_rank=settings.vllm_max_lora_rank,
             max_cpu_loras=max(settings.sampler_max_adapters, settings.vllm_max_loras), kv_cache_gib=settings.vllm_kv_cache_gib,
-            gpu_memory_utilization=settings.vllm_gpu_memory_utilization, device=device,
+            gpu_memory_utilization=settings.vllm_gpu_memory_utilization, device=device, dtype=settings.vllm_dtype,
             max_num_seqs=settings.sampler_max_batch_rows,
         )  # fmt: skip
 
@@ -148,7 +148,7 @@ class VllmEngine:
         # The engine core in this process: one child, not two, and no second model copy.
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if self.options.device == "cpu":
-            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(self.options.kv_cache_gib))))
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.options.kv_cache_gib))
         else:
             config["gpu_memory_utilization"] = self.options.gpu_memory_utilization
         # -P: the script's folder (functions/sampler, with its own types.py) must not shadow
