@@ -187,7 +187,22 @@ class Server:
         partial reload leaves the packed copies stale; a reload of the full state is right.
         """
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path, "is_checkpoint_format": True})
+        # A tied lm_head shares the embedding's weight but keeps its own prepacked CPU copy
+        # (`cpu_linear`), and the reload skips it (its checkpoint name is not loaded when
+        # tied), so logits would come from the old embedding: repack every embedding.
+        self.llm.collective_rpc(_repack_embeddings)
         return True
+
+
+def _repack_embeddings(worker) -> int:
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    count = 0
+    for module in worker.model_runner.get_model().modules():
+        if isinstance(module, VocabParallelEmbedding) and getattr(module, "quant_method", None) is not None:
+            module.quant_method.process_weights_after_loading(module)
+            count += 1
+    return count
 
 
 def _answer(output, request: dict) -> dict:
