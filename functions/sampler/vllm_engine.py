@@ -20,7 +20,9 @@ What the child gets is already decided here, so both engines answer alike:
   time (a bad one fails its own load); a batch may name more adapters than vLLM has slots
   (`max_loras`): vLLM's scheduler then runs them in turns. Base-model rows batched with
   adapters are right on CPU only through the server's patch of vLLM's torch LoRA ops
-  (`vllm_server.skip_base_rows_in_cpu_lora_ops` says why: index -1 picks the last slot);
+  (`vllm_server.skip_base_rows_in_cpu_lora_ops` says why: index -1 picks the last slot).
+  vLLM sizes its LoRA slots for one rank at start (`max_lora_rank`, rounded up to a rank
+  vLLM knows); a higher-rank adapter restarts the child with room for it, adapters kept;
 - full fine-tuning weights: `.model` is a torch copy in this process that weight sync
   patches (deltas or full checkpoints); `weights_changed()` marks it, and the next sample
   first reloads vLLM's whole state from it, because on CPU vLLM cannot patch weights in
@@ -36,7 +38,6 @@ import os
 import shutil
 import struct
 import subprocess
-import sys
 import tempfile
 import threading
 from dataclasses import dataclass

@@ -203,6 +203,17 @@ def test_seeded_samples_repeat_and_num_samples_rows_differ(vllm_engine):
 
 @needs_vllm
 @pytest.mark.slow
+def test_zero_max_tokens_gives_prompt_logprobs_and_no_tokens(vllm_engine, torch_engine):
+    """The SDK's compute_logprobs: vLLM always generates a token; the engine drops it."""
+    job = SampleJob(OTHER, 1, SamplingParams(max_tokens=0, temperature=0), prompt_logprobs=True, adapter="b")
+    got, want = vllm_engine.sample([job])[0], torch_engine.sample([job])[0]
+    assert got.sequences[0].tokens == want.sequences[0].tokens == []
+    assert got.sequences[0].stop_reason == want.sequences[0].stop_reason
+    assert max(abs(a - b) for a, b in zip(got.prompt_logprobs[1:], want.prompt_logprobs[1:])) < TOLERANCE
+
+
+@needs_vllm
+@pytest.mark.slow
 def test_adapters_load_evict_and_refuse(vllm_engine, adapter_files, torch_engine):
     vllm_engine.load_adapter("a-again", adapter_files["a"])
     assert_close(vllm_engine.sample([greedy(OTHER, "a-again")])[0], torch_engine.sample([greedy(OTHER, "a")])[0])
