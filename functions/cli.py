@@ -30,6 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     _http_options(serve)
     _deployment_options(serve)
     serve.add_argument("--model", action="append", default=None, help="a base model to serve (repeatable; default all)")
+    serve.add_argument(
+        "--sampler-engine", dest="sampler_engine", choices=("torch", "vllm"), default=None,
+        help="sampling engine (default torch; vllm needs `make vllm`)",
+    )  # fmt: skip
 
     gateway = commands.add_parser("gateway", help="the Tinker HTTP API alone (distributed deployment)")
     _http_options(gateway)
@@ -42,6 +46,11 @@ def main(argv: list[str] | None = None) -> int:
         if role == "trainer":
             worker.add_argument("--kind", choices=("lora", "full", "all"), default="all", help="LoRA runs, full fine-tuning runs, or both")
             worker.add_argument("--model-id", default=None, help="serve this one run only (a per-run trainer)")
+        else:
+            worker.add_argument(
+                "--engine", dest="sampler_engine", choices=("torch", "vllm"), default=None,
+                help="sampling engine (default torch; vllm needs `make vllm`)",
+            )  # fmt: skip
     projector = commands.add_parser("projector", help="the projector alone: stores worker events and wakes long-polls")
     _deployment_options(projector)
     audit = commands.add_parser(
@@ -98,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     flags = {
         "host": "host", "port": "port", "data_dir": "data_dir", "models": "model",
         "database_url": "database_url", "bus": "bus", "kafka_bootstrap": "kafka_bootstrap",
+        "sampler_engine": "sampler_engine",
     }  # fmt: skip
     overrides = {field: getattr(args, flag) for field, flag in flags.items() if getattr(args, flag, None) is not None}
     settings = Settings(**overrides)
@@ -117,6 +127,14 @@ def main(argv: list[str] | None = None) -> int:
         from functions.serve import ROLES, Node
 
         roles = ROLES if args.command == "serve" else (args.command,)
+        if "sampler" in roles and settings.sampler_engine == "vllm":
+            from functions.sampler.vllm_engine import VllmEnvMissing, vllm_python
+
+            try:
+                vllm_python(settings.vllm_env)
+            except VllmEnvMissing as exc:
+                print(f"openrl {args.command}: {exc.detail}", file=sys.stderr)
+                return 2
         kind = getattr(args, "kind", "all")
         node = Node(
             settings, roles, base_models=getattr(args, "base_model", None),

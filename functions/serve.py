@@ -112,12 +112,13 @@ class Node:
             )  # fmt: skip
             self._loops.append(("trainer", self.trainer))
         if "sampler" in self.roles:
-            from functions.sampler.worker import SamplerWorker
+            from functions.sampler.worker import SamplerWorker, engine_options
 
             self.sampler = SamplerWorker(
                 rt.bus, rt.publisher, rt.blobs, rt.models, slicer("sampler"), settings.device,
                 settings.sampler_max_batch_rows, settings.sampler_max_adapters, base_models=base_models,
                 instance_id=self._instance_id("sampler"), max_full_models=settings.sampler_max_full_models,
+                **engine_options(settings),
             )  # fmt: skip
             self._loops.append(("sampler", self.sampler))
         if "audit" in self.roles:

@@ -167,6 +167,27 @@ class Settings(BaseSettings):
         2, ge=1, description="full fine-tuned weight sets a sampler keeps per base model (least recently used leaves)"
     )
 
+    # -- sampling engine: torch (in process) or vLLM (a child process from its own venv) ------
+    sampler_engine: Literal["torch", "vllm"] = Field(
+        "torch", description="sampler engine: the batched torch engine, or vLLM (needs `make vllm`, see README)"
+    )
+    vllm_env: Optional[Path] = Field(
+        None, description="virtualenv holding vLLM (default: .venv-vllm beside the code, built by `make vllm`)"
+    )
+    vllm_max_loras: int = Field(
+        4, ge=1, description="LoRA slots of a vLLM engine: adapters one step runs together (more in a batch wait their turn)"
+    )
+    vllm_max_lora_rank: int = Field(
+        32, ge=1, le=512, description="LoRA rank a vLLM engine sizes its slots for at start; a higher-rank adapter restarts it"
+    )
+    vllm_kv_cache_gib: int = Field(1, ge=1, description="vLLM KV cache size on CPU, whole GiB")
+    vllm_dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="dtype vLLM computes in (float32 matches the torch engine to 1e-4; bfloat16 suits GPUs)"
+    )
+    vllm_gpu_memory_utilization: float = Field(
+        0.5, gt=0, le=1, description="share of GPU memory a vLLM engine may take on CUDA (weights and KV cache)"
+    )
+
     # -- Kubernetes: `openrl scheduler`, the controller that places worker StatefulSets --------
     namespace: str = Field("openrl", description="Kubernetes namespace the scheduler creates worker StatefulSets in")
     scheduler_policy: Literal["binpack", "spread"] = Field(

@@ -9,4 +9,6 @@ and returns one `SampleResult` per job. Text appears only where stop strings nee
   raw logprobs), testable without a model.
 - `stops`: per-row stop detection (stop token ids, EOS, stop strings on a decoded tail).
 - `engine`: `SamplerEngine`, the model, its LoRA adapters and the batched KV-cache loop.
+- `vllm_engine`: `VllmEngine`, the same interface over vLLM running in a child process from
+  its own virtualenv (`make vllm`); `vllm_server` is that child (stdlib and vLLM only).
 """

@@ -120,38 +120,18 @@ class SamplerEngine:
         """The base model (its weights, not the adapters' PEFT wrapper)."""
         return self._model if self._peft is None else self._peft.get_base_model()
 
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the base weights, which the worker registers with the timeslicer."""
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def weights_changed(self) -> None:
+        """Weight sync patched `.model` in place; nothing to do here (the vLLM engine reloads)."""
+
     # ------------------------------------------------------------------ validation
 
     def validate(self, job: SampleJob) -> None:
-        n = len(job.prompt_tokens)
-        if n == 0:
-            raise InvalidRequest("prompt must contain at least one token")
-        vocab = self.files.vocab_size
-        bad = [t for t in job.prompt_tokens if not (0 <= t < vocab)]
-        if bad:
-            raise InvalidRequest(f"prompt token ids must lie in [0, {vocab}); got {bad[:5]}")
-        if not (1 <= job.num_samples <= MAX_NUM_SAMPLES):
-            raise InvalidRequest(f"num_samples must be between 1 and {MAX_NUM_SAMPLES}; got {job.num_samples}")
-        context = self.files.max_context
-        max_tokens = job.params.max_tokens
-        if max_tokens is None and n >= context:
-            raise InvalidRequest(f"prompt of {n} tokens leaves no room in the model context of {context}")
-        if max_tokens is not None and n + max_tokens > context:
-            raise InvalidRequest(
-                f"prompt ({n} tokens) + max_tokens ({max_tokens}) exceeds the model context of {context} tokens"
-            )
-        k = job.topk_prompt_logprobs
-        if not (0 <= k <= min(MAX_TOPK_PROMPT_LOGPROBS, vocab)):
-            raise InvalidRequest(f"topk_prompt_logprobs must be between 0 and {MAX_TOPK_PROMPT_LOGPROBS}; got {k}")
-        last_n = job.prompt_logprobs_last_n
-        if last_n is not None:
-            if not (job.prompt_logprobs or k > 0):
-                raise InvalidRequest("prompt_logprobs_last_n requires prompt_logprobs")
-            if not (1 <= last_n <= n - 1):
-                raise InvalidRequest(f"prompt_logprobs_last_n must be between 1 and {n - 1}; got {last_n}")
-        if job.adapter is not None and job.adapter not in self._adapters:
-            raise InvalidRequest(f"adapter {job.adapter!r} is not loaded")
-        StopRule.from_params(job.params, self.eos_token_ids)  # rejects empty stop strings
+        validate_job(job, self.files, self.eos_token_ids, self._adapters)
 
     # ------------------------------------------------------------------ adapters
 
@@ -376,6 +356,39 @@ class SamplerEngine:
                 for i, (ids, lps) in enumerate(zip(ids_T_k.tolist(), top_T_k.tolist())):
                     topk[chunk + i] = list(zip(ids, lps))
         return (values if job.prompt_logprobs else None), (topk if k > 0 else None)
+
+
+def validate_job(job: SampleJob, files: ModelFiles, eos_token_ids, adapters) -> None:
+    """The checks every engine makes on a job before it runs (`adapters`: the loaded keys)."""
+    n = len(job.prompt_tokens)
+    if n == 0:
+        raise InvalidRequest("prompt must contain at least one token")
+    vocab = files.vocab_size
+    bad = [t for t in job.prompt_tokens if not (0 <= t < vocab)]
+    if bad:
+        raise InvalidRequest(f"prompt token ids must lie in [0, {vocab}); got {bad[:5]}")
+    if not (1 <= job.num_samples <= MAX_NUM_SAMPLES):
+        raise InvalidRequest(f"num_samples must be between 1 and {MAX_NUM_SAMPLES}; got {job.num_samples}")
+    context = files.max_context
+    max_tokens = job.params.max_tokens
+    if max_tokens is None and n >= context:
+        raise InvalidRequest(f"prompt of {n} tokens leaves no room in the model context of {context}")
+    if max_tokens is not None and n + max_tokens > context:
+        raise InvalidRequest(
+            f"prompt ({n} tokens) + max_tokens ({max_tokens}) exceeds the model context of {context} tokens"
+        )
+    k = job.topk_prompt_logprobs
+    if not (0 <= k <= min(MAX_TOPK_PROMPT_LOGPROBS, vocab)):
+        raise InvalidRequest(f"topk_prompt_logprobs must be between 0 and {MAX_TOPK_PROMPT_LOGPROBS}; got {k}")
+    last_n = job.prompt_logprobs_last_n
+    if last_n is not None:
+        if not (job.prompt_logprobs or k > 0):
+            raise InvalidRequest("prompt_logprobs_last_n requires prompt_logprobs")
+        if not (1 <= last_n <= n - 1):
+            raise InvalidRequest(f"prompt_logprobs_last_n must be between 1 and {n - 1}; got {last_n}")
+    if job.adapter is not None and job.adapter not in adapters:
+        raise InvalidRequest(f"adapter {job.adapter!r} is not loaded")
+    StopRule.from_params(job.params, eos_token_ids)  # rejects empty stop strings
 
 
 def _wants_prompt_logprobs(job: SampleJob) -> bool:

@@ -9,7 +9,7 @@ compare them with the trainer's logprobs of the same tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Literal, Optional, Protocol
 
 from openrl_core.params import SamplingParams
 
@@ -48,3 +48,21 @@ class SampleResult:
     prompt_logprobs: Optional[list[Optional[float]]]
     # Per prompt position, k (token, logprob) pairs best first; None where not computed.
     topk_prompt_logprobs: Optional[list[Optional[list[tuple[int, float]]]]]
+
+
+class Engine(Protocol):
+    """What the sampler worker needs of an engine; `SamplerEngine` (torch) and `VllmEngine`
+    implement it, and tests/functions/sampler/test_vllm_engine.py runs both on the same jobs."""
+
+    eos_token_ids: frozenset[int]
+
+    def validate(self, job: SampleJob) -> None: ...
+    def sample(self, jobs: list[SampleJob]) -> list[SampleResult]: ...
+    def has_adapter(self, key: str) -> bool: ...
+    def load_adapter(self, key: str, files: dict[str, bytes]) -> None: ...
+    def drop_adapter(self, key: str) -> None: ...
+    @property
+    def weight_bytes(self) -> int: ...
+    @property
+    def model(self): ...  # torch weights that weight sync patches in place (full runs)
+    def weights_changed(self) -> None: ...

@@ -53,6 +53,8 @@ class SamplerWorker:
         base_models: Optional[list[str]] = None,
         instance_id: Optional[str] = None,
         max_full_models: int = 2,
+        engine: str = "torch",
+        vllm=None,
     ) -> None:
         self.publisher = publisher
         self.blobs = blobs
@@ -66,6 +68,18 @@ class SamplerWorker:
         self.max_batch_rows = max_batch_rows
         self.max_adapters = max_adapters
         self.linger = linger
+        # "torch" (in this process) or "vllm" (a child process per weight set, `vllm_engine`);
+        # `vllm` holds the VllmOptions. Without the vLLM environment this fails now, not at
+        # the first request.
+        self.engine_kind = engine
+        self.vllm = vllm
+        if engine == "vllm":
+            from functions.sampler.vllm_engine import VllmOptions, vllm_python
+
+            self.vllm = vllm or VllmOptions(device=device, max_num_seqs=max_batch_rows)
+            vllm_python(self.vllm.env)
+        elif engine != "torch":
+            raise ValueError(f"unknown sampler engine {engine!r}")
         self.consumer = bus.consumer(group, pattern=topics.pattern("sampling", base_models), instance_id=instance_id)
         self._engines: dict = {}
         # Adapters loaded per base model, least recently used first. Every published version
@@ -121,11 +135,15 @@ class SamplerWorker:
         if key not in self._engines:
             engine = self._make_engine(self.models.files(base_model))
             # The base weights (and the adapters on them) stay resident: this job never parks.
-            self.slicer.register(self._base_job(key), _nbytes(engine.model), self.slicer_device, parkable=False, resident=True)
+            self.slicer.register(self._base_job(key), engine.weight_bytes, self.slicer_device, parkable=False, resident=True)
             self._engines[key] = engine
         return self._engines[key]
 
     def _make_engine(self, files):
+        if self.engine_kind == "vllm":
+            from functions.sampler.vllm_engine import VllmEngine
+
+            return VllmEngine(files, self.vllm)
         from functions.sampler.engine import SamplerEngine
 
         return SamplerEngine(files, device=self.device, max_batch_rows=self.max_batch_rows)
@@ -286,5 +304,10 @@ class SamplerWorker:
         self.publisher.publish(topics.topic(request.tenant, "completions"), reply)
 
 
-def _nbytes(model) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+def engine_options(settings) -> dict:
+    """The sampling engine a worker uses, from the process settings (SamplerWorker kwargs)."""
+    if settings.sampler_engine != "vllm":
+        return {"engine": settings.sampler_engine}
+    from functions.sampler.vllm_engine import VllmOptions
+
+    return {"engine": "vllm", "vllm": VllmOptions.from_settings(settings, settings.device)}
