@@ -162,11 +162,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="tiny,smol")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--skip-engine", action="store_true")
     parser.add_argument("--skip-service", action="store_true")
     parser.add_argument("--steps", type=int, default=6, help="RL steps per job in (b)")
     parser.add_argument("--env-seconds", type=float, default=0.25, help="the environment's grading latency in (b)")
     args = parser.parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     if not args.skip_engine:
         for key in args.models.split(","):
             engine_bench(MODELS[key], args.rounds)
