@@ -45,6 +45,13 @@ PROMPT_LOGPROB_CHUNK = 512
 PREFILL_LOGITS_BUDGET = 2**28
 
 
+def require_adapter_files(key: str, files: dict[str, bytes]) -> None:
+    """An adapter's saved files must hold both PEFT files (either engine loads from them)."""
+    missing = [name for name in ADAPTER_FILES if name not in files]
+    if missing:
+        raise InvalidRequest(f"adapter {key!r} lacks {', '.join(missing)}")
+
+
 @dataclass(frozen=True)
 class Piece:
     """Samples [first, first + count) of job `job`, run within one wave."""
@@ -142,9 +149,7 @@ class SamplerEngine:
         """Load a PEFT LoRA adapter from its saved files; loading a key again replaces it."""
         from peft import PeftConfig, PeftType, get_peft_model
 
-        missing = [name for name in ADAPTER_FILES if name not in files]
-        if missing:
-            raise InvalidRequest(f"adapter {key!r} lacks {', '.join(missing)}")
+        require_adapter_files(key, files)
         if key in self._adapters:
             self.drop_adapter(key)
         with tempfile.TemporaryDirectory(prefix="openrl-adapter-") as tmp:

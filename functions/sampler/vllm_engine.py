@@ -45,7 +45,13 @@ from pathlib import Path
 from typing import Optional
 
 from functions.compute.models import ModelFiles, load_tokenizer, parameter_count
-from functions.sampler.engine import ADAPTER_FILES, MAX_TOPK_PROMPT_LOGPROBS, _first_logprob_position, validate_job
+from functions.sampler.engine import (
+    ADAPTER_FILES,
+    MAX_TOPK_PROMPT_LOGPROBS,
+    _first_logprob_position,
+    require_adapter_files,
+    validate_job,
+)
 from functions.sampler.stops import StopRule, make_decoder
 from functions.sampler.types import SampledSequence, SampleJob, SampleResult
 from openrl_core.errors import InvalidRequest, ServerError
@@ -239,9 +245,7 @@ class VllmEngine:
 
     def load_adapter(self, key: str, files: dict[str, bytes]) -> None:
         """Load a PEFT LoRA adapter from its saved files; loading a key again replaces it."""
-        missing = [name for name in ADAPTER_FILES if name not in files]
-        if missing:
-            raise InvalidRequest(f"adapter {key!r} lacks {', '.join(missing)}")
+        require_adapter_files(key, files)
         try:
             config = json.loads(files["adapter_config.json"])
         except (ValueError, UnicodeDecodeError) as exc:

@@ -74,17 +74,7 @@ def target_logprobs(decoder: torch.nn.Module, lm_head: torch.nn.Module, batch: S
     device = lm_head.weight.device
     tokens_B_T, mask_B_T = pad_right(batch, device)
     hidden_B_T_H = decoder(input_ids=tokens_B_T, attention_mask=mask_B_T, use_cache=False).last_hidden_state
-    return logprobs_from_hidden(lm_head, hidden_B_T_H, batch)
 
-
-def logprobs_from_hidden(
-    lm_head: torch.nn.Module, hidden_B_T_H: torch.Tensor, batch: Sequence[Datum], adapter: str | None = None
-) -> list[torch.Tensor]:
-    """Each datum's target logprobs from its row of decoder output (row b is batch[b]).
-
-    `adapter`: the LoRA on lm_head to add (a packed pass names its unit's); None adds the
-    layer's active adapters."""
-    device = lm_head.weight.device
     lengths = [int(d.tokens_N.size) for d in batch]
     hidden_P_H = torch.cat([hidden_B_T_H[row, :n] for row, n in enumerate(lengths)])
     targets_P_K, widths = _stack_targets(batch, device)
@@ -95,9 +85,9 @@ def logprobs_from_hidden(
     for start in range(0, hidden_P_H.shape[0], rows):
         hidden_C_H, targets_C_K = hidden_P_H[start : start + rows], targets_P_K[start : start + rows]
         if torch.is_grad_enabled():
-            pieces.append(checkpoint(_chunk_logprobs, lm_head, hidden_C_H, targets_C_K, adapter, use_reentrant=False))
+            pieces.append(checkpoint(_chunk_logprobs, lm_head, hidden_C_H, targets_C_K, use_reentrant=False))
         else:
-            pieces.append(_chunk_logprobs(lm_head, hidden_C_H, targets_C_K, adapter))
+            pieces.append(_chunk_logprobs(lm_head, hidden_C_H, targets_C_K))
     logprobs_P_K = torch.cat(pieces)
 
     out, offset = [], 0
@@ -108,17 +98,19 @@ def logprobs_from_hidden(
     return out
 
 
-def _chunk_logprobs(
-    lm_head: torch.nn.Module, hidden_C_H: torch.Tensor, targets_C_K: torch.Tensor, adapter: str | None = None
-) -> torch.Tensor:
-    logits_C_V = _project(lm_head, hidden_C_H, adapter).float()
+def _chunk_logprobs(lm_head: torch.nn.Module, hidden_C_H: torch.Tensor, targets_C_K: torch.Tensor) -> torch.Tensor:
+    return gathered_logprobs(_project(lm_head, hidden_C_H), targets_C_K)
+
+
+def gathered_logprobs(logits_C_V: torch.Tensor, targets_C_K: torch.Tensor) -> torch.Tensor:
+    """log softmax of each row's logits (in float32) at its target ids."""
+    logits_C_V = logits_C_V.float()
     logsumexp_C = torch.logsumexp(logits_C_V, dim=-1, keepdim=True)
     return logits_C_V.gather(-1, targets_C_K) - logsumexp_C
 
 
-def _project(lm_head: torch.nn.Module, hidden_C_H: torch.Tensor, adapter: str | None = None) -> torch.Tensor:
-    """lm_head(hidden), with a LoRA on lm_head added in place into the base logits: the
-    named adapter's, or (None) the layer's active adapters'.
+def _project(lm_head: torch.nn.Module, hidden_C_H: torch.Tensor) -> torch.Tensor:
+    """lm_head(hidden), with a LoRA on lm_head added in place into the base logits.
 
     PEFT's LoRA Linear computes base(x) + B(A(x)) * scaling, which allocates two more
     [rows, V] blocks; for the vocabulary projection those dominate the step's time and memory.
@@ -131,7 +123,7 @@ def _project(lm_head: torch.nn.Module, hidden_C_H: torch.Tensor, adapter: str | 
     if any(getattr(lm_head, "use_dora", {}).get(name, False) for name in lm_head.active_adapters):
         return lm_head(hidden_C_H)
     logits_C_V = lm_head.base_layer(hidden_C_H)
-    for name in ([adapter] if adapter is not None else lm_head.active_adapters):
+    for name in lm_head.active_adapters:
         if name in lora_A:
             down_C_R = torch.nn.functional.linear(hidden_C_H, lora_A[name].weight) * lm_head.scaling[name]
             logits_C_V = logits_C_V.addmm_(down_C_R, lm_head.lora_B[name].weight.t())

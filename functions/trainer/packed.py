@@ -240,6 +240,4 @@ def _shared_chunk(lm_head, hidden_C_H: torch.Tensor, targets_C_K: torch.Tensor, 
             if name in lora_A and last > first:
                 down_S_R = torch.nn.functional.linear(hidden_C_H[first:last], lora_A[name].weight) * lm_head.scaling[name]
                 logits_C_V[first:last].addmm_(down_S_R, lm_head.lora_B[name].weight.t())
-    logits_C_V = logits_C_V.float()
-    logsumexp_C = torch.logsumexp(logits_C_V, dim=-1, keepdim=True)
-    return logits_C_V.gather(-1, targets_C_K) - logsumexp_C
+    return batching.gathered_logprobs(logits_C_V, targets_C_K)
