@@ -8,8 +8,10 @@ Datums are right-padded into one [B, T] batch with an attention mask. With right
 a causal model, a real position never attends to a pad, so its output does not depend on the
 padding; position ids stay 0..n-1. Only the real positions' hidden states are projected to the
 vocabulary, in chunks of rows: a [rows, V] float32 logits block exists for one chunk at a
-time, and under autograd each chunk is checkpointed (recomputed during backward) so no full
-[B, T, V] tensor is kept for the backward pass either. `microbatches` bounds the padded
+time, and under autograd a pass whose logits would exceed `KEEP_LOGITS_ELEMENTS` has each chunk
+checkpointed (recomputed during backward) so no full [B, T, V] tensor is kept for the backward
+pass either; smaller passes keep their chunks' logits (the recompute would cost a third more
+vocabulary products for memory that fits anyway). `microbatches` bounds the padded
 [B, T] size of one forward pass and groups datums of similar length only, so that little
 compute goes to padding; since the loss is a sum over datums, running microbatches one after
 another and accumulating gradients is exact.
@@ -30,6 +32,10 @@ from openrl_core.datum import Datum
 # softmax, gradient): 2000 tokens through the tiny Qwen3 peak about 0.4 GiB above idle, where
 # full logits alone would be 1.2 GiB. Halving from 2**25 cost no measurable speed.
 LOGITS_CHUNK_ELEMENTS = 2**24
+# Logits elements a pass may keep for its backward (float32: 2**26 = 256 MiB) rather than
+# recompute them. Plain peft keeps twice that for the same batch (logits and log-softmax);
+# the packer's per-token cost (`engine.token_bytes`) already counts a kept logits row.
+KEEP_LOGITS_ELEMENTS = 2**26
 PAD_TOKEN = 0  # any valid id; pads are masked out and never gathered
 # Padding costs decoder compute while batching gains little on CPU (about 10% for 8 datums of
 # equal length through SmolLM2): group datums only when they pad at most this fraction.
@@ -81,10 +87,11 @@ def target_logprobs(decoder: torch.nn.Module, lm_head: torch.nn.Module, batch: S
 
     vocab = lm_head.weight.shape[0]
     rows = max(1, LOGITS_CHUNK_ELEMENTS // vocab)
+    recompute = recomputes_logits(hidden_P_H.shape[0], vocab)
     pieces = []
     for start in range(0, hidden_P_H.shape[0], rows):
         hidden_C_H, targets_C_K = hidden_P_H[start : start + rows], targets_P_K[start : start + rows]
-        if torch.is_grad_enabled():
+        if recompute:
             pieces.append(checkpoint(_chunk_logprobs, lm_head, hidden_C_H, targets_C_K, use_reentrant=False))
         else:
             pieces.append(_chunk_logprobs(lm_head, hidden_C_H, targets_C_K))
@@ -98,15 +105,48 @@ def target_logprobs(decoder: torch.nn.Module, lm_head: torch.nn.Module, batch: S
     return out
 
 
+def recomputes_logits(positions: int, vocab: int) -> bool:
+    """Whether a pass over `positions` real positions checkpoints its logits chunks."""
+    return torch.is_grad_enabled() and positions * vocab > KEEP_LOGITS_ELEMENTS
+
+
 def _chunk_logprobs(lm_head: torch.nn.Module, hidden_C_H: torch.Tensor, targets_C_K: torch.Tensor) -> torch.Tensor:
     return gathered_logprobs(_project(lm_head, hidden_C_H), targets_C_K)
 
 
 def gathered_logprobs(logits_C_V: torch.Tensor, targets_C_K: torch.Tensor) -> torch.Tensor:
     """log softmax of each row's logits (in float32) at its target ids."""
-    logits_C_V = logits_C_V.float()
-    logsumexp_C = torch.logsumexp(logits_C_V, dim=-1, keepdim=True)
-    return logits_C_V.gather(-1, targets_C_K) - logsumexp_C
+    return _GatheredLogprobs.apply(logits_C_V.float(), targets_C_K)
+
+
+class _GatheredLogprobs(torch.autograd.Function):
+    """logits[t] - logsumexp(logits), with a backward that reuses the logits' memory.
+
+    The gradient is onehot(t) * g - softmax(logits) * sum_k g_k. Left to autograd, the
+    logsumexp and gather backwards each fill a fresh [C, V] block (exp(x - lse), a zero block
+    to scatter into) and a third adds them: five passes over the logits where this takes three
+    and allocates nothing, which is most of the step on a small model with a large vocabulary.
+    The arithmetic is autograd's own (the same products and sums), so the numbers are too.
+    The logits (the projection's output; nothing else keeps them) are overwritten in place, so
+    the graph cannot be back-propagated twice through here.
+    """
+
+    @staticmethod
+    def forward(ctx, logits_C_V: torch.Tensor, targets_C_K: torch.Tensor) -> torch.Tensor:
+        logsumexp_C = torch.logsumexp(logits_C_V, dim=-1, keepdim=True)
+        ctx.save_for_backward(logits_C_V, logsumexp_C, targets_C_K)
+        ctx.spent = False
+        return logits_C_V.gather(-1, targets_C_K) - logsumexp_C
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_C_K: torch.Tensor):
+        if ctx.spent:
+            raise RuntimeError("gathered_logprobs: its saved logits were consumed by a first backward")
+        ctx.spent = True
+        logits_C_V, logsumexp_C, targets_C_K = ctx.saved_tensors
+        grad_C_V = logits_C_V.sub_(logsumexp_C).exp_().mul_(-grad_C_K.sum(-1, keepdim=True))
+        return grad_C_V.scatter_add_(-1, targets_C_K, grad_C_K), None
 
 
 def _project(lm_head: torch.nn.Module, hidden_C_H: torch.Tensor) -> torch.Tensor:

@@ -183,6 +183,9 @@ def _unit_logprobs(lm_head, hidden_B_T_H: torch.Tensor, units, micros, adapters:
         segments.append((index, hidden_P_H, targets_P_K, real, widths))
     outputs: list[torch.Tensor | None] = [None] * len(micros)
     shared: list = []
+    # Kept or recomputed for the whole pass (`batching.recomputes_logits`): either way the
+    # numbers are the same, so a unit's bits do not depend on what it was packed with.
+    recompute = batching.recomputes_logits(sum(seg[1].shape[0] for seg in segments), lm_head.weight.shape[0])
 
     def flush():
         if not shared:
@@ -193,7 +196,7 @@ def _unit_logprobs(lm_head, hidden_B_T_H: torch.Tensor, units, micros, adapters:
         for index, hidden_P_H, _t, real, _w in shared:
             spans.append((offset, offset + real, adapters[index]))
             offset += hidden_P_H.shape[0]
-        if torch.is_grad_enabled():
+        if recompute:
             logprobs_C_K = checkpoint(_shared_chunk, lm_head, hidden_C_H, targets_C_K, tuple(spans), use_reentrant=False)
         else:
             logprobs_C_K = _shared_chunk(lm_head, hidden_C_H, targets_C_K, tuple(spans))
@@ -210,7 +213,7 @@ def _unit_logprobs(lm_head, hidden_B_T_H: torch.Tensor, units, micros, adapters:
             for first in range(0, real, rows_per_chunk):
                 span = ((0, min(rows_per_chunk, real - first), adapters[index]),)
                 args = (lm_head, hidden_P_H[first : first + rows_per_chunk], targets_P_K[first : first + rows_per_chunk], span)
-                pieces.append(checkpoint(_shared_chunk, *args, use_reentrant=False) if torch.is_grad_enabled() else _shared_chunk(*args))
+                pieces.append(checkpoint(_shared_chunk, *args, use_reentrant=False) if recompute else _shared_chunk(*args))
             outputs[index] = torch.cat(pieces)
             continue
         if shared and sum(seg[1].shape[0] for seg in shared) + hidden_P_H.shape[0] > rows_per_chunk:
@@ -239,5 +242,8 @@ def _shared_chunk(lm_head, hidden_C_H: torch.Tensor, targets_C_K: torch.Tensor, 
         for first, last, name in spans:
             if name in lora_A and last > first:
                 down_S_R = torch.nn.functional.linear(hidden_C_H[first:last], lora_A[name].weight) * lm_head.scaling[name]
-                logits_C_V[first:last].addmm_(down_S_R, lm_head.lora_B[name].weight.t())
+                # Into a row slice only when the span is not the whole chunk: autograd's
+                # backward of an in-place op on a view copies the whole [C, V] gradient.
+                target_S_V = logits_C_V if (first, last) == (0, logits_C_V.shape[0]) else logits_C_V[first:last]
+                target_S_V.addmm_(down_S_R, lm_head.lora_B[name].weight.t())
     return batching.gathered_logprobs(logits_C_V, targets_C_K)

@@ -218,3 +218,24 @@ def test_a_parked_adapter_is_restored_bitwise_while_its_neighbours_train(engine)
         np.testing.assert_array_equal(engine.adapter_weights("a")[key], weights[key])
         np.testing.assert_array_equal(engine.adapter_gradients("a")[key], grads[key])
     assert engine.base_bytes() > 0
+
+
+def test_kept_and_recomputed_logits_give_bitwise_the_same_step(tiny_files, monkeypatch):
+    """Small passes keep their logits for the backward, big ones recompute them (checkpoint):
+    the numbers must not depend on which, or a request's bits would depend on its pass."""
+    batch = sft_batch(3, [9, 4, 20])
+    runs = []
+    for keep in (batching.KEEP_LOGITS_ELEMENTS, 0):
+        monkeypatch.setattr(batching, "KEEP_LOGITS_ELEMENTS", keep)
+        monkeypatch.setattr(batching, "LOGITS_CHUNK_ELEMENTS", 16 * 151936)  # two chunks
+        engine = TrainerEngine(tiny_files)
+        engine.create_adapter("m", LoraConfig(rank=4, seed=0))
+        result = engine.forward_backward("m", batch, "cross_entropy", None, forward_only=False)
+        runs.append((result, engine.adapter_gradients("m")))
+    (kept, kept_grads), (recomputed, recomputed_grads) = runs
+    assert kept.metrics == recomputed.metrics
+    for a, b in zip(kept.logprobs, recomputed.logprobs):
+        assert np.array_equal(a, b)
+    assert kept_grads.keys() == recomputed_grads.keys()
+    for key in kept_grads:
+        assert np.array_equal(kept_grads[key], recomputed_grads[key]), key
