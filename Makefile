@@ -23,12 +23,15 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m functions.cli models --prepare
 	touch $(STAMP)
 
+# Two workers (pytest-xdist), a test file each at a time: much of the suite waits on servers,
+# brokers and PostgreSQL, and the compute runs one thread per worker (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: install
 	scripts/ensure-postgres
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: install
-	$(PY) -m pytest -q -m "not e2e and not slow"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not e2e and not slow"
 
 demo: install
 	scripts/demo
