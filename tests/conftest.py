@@ -7,6 +7,7 @@ import os
 import uuid
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 from sqlalchemy import create_engine, text
 
 from openrl_core.catalog import BUILTIN, SMOLLM2_135M, TINY_QWEN3
@@ -14,6 +15,12 @@ from openrl_core.catalog import BUILTIN, SMOLLM2_135M, TINY_QWEN3
 # No model hub at test time: huggingface_hub reads this once, at import, and every server and
 # recipe subprocess inherits it.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# Property tests: no example database (nothing written into the work tree; a failure prints
+# its seed and minimal example instead) and no per-example deadline (a shared CI machine's
+# pauses must not fail a property). Each test sets its own modest max_examples.
+hypothesis_settings.register_profile("openrl", database=None, deadline=None, print_blob=True)
+hypothesis_settings.load_profile("openrl")
 
 
 @pytest.fixture(scope="session")
