@@ -24,7 +24,7 @@ class Settings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="address the gateway listens on")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
-        "INFO", description="level of the process's log lines; DEBUG adds the libraries' detail (e.g. SQLAlchemy's statements)"
+        "INFO", description="level of the process's log lines (DEBUG, INFO, WARNING or ERROR)"
     )
     port: int = Field(8000, ge=0, le=65535, description="port the gateway listens on")
     data_dir: Path = Field(Path(".data"), description="event log, event store and blobs of the embedded deployment")

@@ -79,3 +79,23 @@ def test_a_body_over_the_limit_is_a_413_that_names_it(gateway, route):
         assert client.post(route, content=iter([small[:5], small[5:]]), headers=headers).status_code == 200
         assert sessions(runtime) == before + 2
 
+
+
+def test_a_zstd_body_is_decompressed_only_up_to_the_limit(gateway):
+    import zstandard
+
+    client, _ = gateway
+    headers = {"X-API-Key": ALICE, "Content-Type": "application/json", "Content-Encoding": "zstd"}
+    # 10 MB of zeros in about 300 bytes, its size stated in the frame header (which made
+    # `decompress(max_output_size=...)` ignore the bound)
+    bomb = zstandard.ZstdCompressor().compress(b"\0" * 10_000_000)
+    assert len(bomb) < LIMIT
+    response = client.post("/api/v1/forward_backward", content=bomb, headers=headers)
+    assert response.status_code == 413, response.text
+    assert f"decompresses to more than {LIMIT} bytes" in response.json()["detail"] and "max_request_bytes" in response.json()["detail"]
+    # a small compressed body is read as usual (here: a model that does not exist)
+    small = zstandard.ZstdCompressor().compress(json.dumps({"model_id": "s:train:0", "seq_id": 1, "forward_backward_input": {"data": [], "loss_fn": "cross_entropy"}}).encode())
+    response = client.post("/api/v1/forward_backward", content=small, headers=headers)
+    assert response.status_code == 404 and "unknown model_id" in response.json()["detail"], response.text
+    garbage = client.post("/api/v1/forward_backward", content=b"not zstd", headers=headers)
+    assert garbage.status_code == 400 and "zstd" in garbage.json()["detail"]

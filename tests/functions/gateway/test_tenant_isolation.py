@@ -19,6 +19,7 @@ from sqlalchemy import select
 
 from eventing.store import tables
 from functions.audit import AuditConsumer, AuditJournal, read_entries
+from functions.gateway import downloads
 from functions.gateway.routes import unsupported
 from tests.functions.gateway.rest_rig import BOB, MODEL, rest  # noqa: F401  (fixture)
 
@@ -144,6 +145,7 @@ def alice_objects(rest) -> dict[str, str]:
     session = rest.session()
     model = rest.model(session)
     weights = rest.save(model, "w1")
+    rest.ok("POST", f"/api/v1/training_runs/{model}/checkpoints/weights/w1/publish")  # public is not shared across tenants
     sampler_weights = rest.save(model, "s1", kind="sampler_weights")
     export = rest.save(model, "e1", kind="external_weights", files={"adapter_config.json": b'{"alice": 1}'})
     sampler = rest.ok("POST", "/api/v1/create_sampling_session", {"session_id": session, "sampling_session_seq_id": 0, "model_path": sampler_weights.tinker_path})
@@ -268,3 +270,5 @@ def test_a_download_link_is_bound_to_its_tenant_blob_and_expiry(rest):
     ):
         response = rest.client.get(tampered)
         assert response.status_code == 403 and "detail" in response.json(), (tampered, response.text)
+    # the signing secret is readable by the server's user only
+    assert (rest.runtime.settings.data_dir / downloads.SECRET_FILE).stat().st_mode & 0o777 == 0o600
