@@ -259,7 +259,7 @@ def fold(store: EventStore, events: list[Event]) -> dict[str, list]:
     return {"stored event ids": stored, **tables}
 
 
-@settings(max_examples=25)
+@settings(max_examples=15)
 @given(histories().flatmap(lambda streams: st.tuples(st.just(streams), interleaving(streams))))
 def test_any_interleaving_of_the_streams_folds_to_one_result(fresh_store, drawn):
     streams, merged = drawn
