@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     overrides = {field: getattr(args, flag) for field, flag in flags.items() if getattr(args, flag, None) is not None}
     settings = Settings(**overrides)
+    logging.getLogger().setLevel(settings.log_level)
     if args.command == "metrics" and args.metrics_port is not None:
         settings = Settings(**overrides, metrics_port=args.metrics_port)
     if args.command == "audit" and args.show:

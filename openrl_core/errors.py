@@ -55,6 +55,12 @@ class Gone(UserError):
     http_status = 410
 
 
+class PayloadTooLarge(UserError):
+    """A request body over a size limit; the detail names the limit."""
+
+    http_status = 413
+
+
 class ServerError(OpenRLError, RuntimeError):
     category = "server"
     http_status = 500

@@ -21,9 +21,11 @@ CheckpointKind = Literal["weights", "sampler_weights", "external_weights"]
 CHECKPOINT_KINDS: tuple[str, ...] = ("weights", "sampler_weights", "external_weights")
 CHECKPOINT_TYPE = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]{0,127}$")
-_RUN = re.compile(r"^[A-Za-z0-9-]{1,64}:train:[0-9]{1,9}$")
-_TENANT = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+# Matched with `fullmatch`, never `match`: a `$` also matches before a final newline, which
+# let "step\n" through as a checkpoint name and "alice\n" as a tenant (an audit file name).
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,127}")
+_RUN = re.compile(r"[A-Za-z0-9-]{1,64}:train:[0-9]{1,9}")
+_TENANT = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
 
 
 def new_uuid() -> str:
@@ -52,13 +54,13 @@ def tenant_for_key(api_key: str) -> str:
 
 
 def check_tenant_name(name: str) -> str:
-    if not _TENANT.match(name):
+    if not _TENANT.fullmatch(name):
         raise InvalidRequest(f"tenant name {name!r} must be 1-40 lower-case letters, digits or '-'")
     return name
 
 
 def check_checkpoint_name(name: str) -> str:
-    if not _NAME.match(name) or name in (".", ".."):
+    if not _NAME.fullmatch(name) or name in (".", ".."):
         raise InvalidRequest(
             f"checkpoint name {name!r} must be 1-128 characters of letters, digits and ._=+- "
             "and start with a letter or digit"
@@ -87,7 +89,7 @@ class TinkerPath:
         if len(parts) != 3:
             raise InvalidRequest(f"checkpoint path {path!r} must be tinker://<run_id>/<kind>/<name>")
         run_id, kind, name = parts
-        if not _RUN.match(run_id):
+        if not _RUN.fullmatch(run_id):
             raise InvalidRequest(f"checkpoint path {path!r} has a malformed training run id {run_id!r}")
         if kind not in CHECKPOINT_KINDS:
             raise InvalidRequest(f"checkpoint path {path!r} has kind {kind!r}; expected one of {list(CHECKPOINT_KINDS)}")

@@ -23,6 +23,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="OPENRL_", extra="forbid")
 
     host: str = Field("127.0.0.1", description="address the gateway listens on")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="level of the process's log lines (DEBUG, INFO, WARNING or ERROR)"
+    )
     port: int = Field(8000, ge=0, le=65535, description="port the gateway listens on")
     data_dir: Path = Field(Path(".data"), description="event log, event store and blobs of the embedded deployment")
     database_url: Optional[str] = Field(

@@ -7,6 +7,7 @@ import os
 import uuid
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 from sqlalchemy import create_engine, text
 
 from openrl_core.catalog import BUILTIN, SMOLLM2_135M, TINY_QWEN3
@@ -22,6 +23,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # Set before torch is imported anywhere; servers and recipes inherit it.
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["MKL_NUM_THREADS"] = "1"
+
+# Property tests: no example database (nothing written into the work tree; a failure prints
+# its seed and minimal example instead) and no per-example deadline (a shared CI machine's
+# pauses must not fail a property). Each test sets its own modest max_examples.
+hypothesis_settings.register_profile("openrl", database=None, deadline=None, print_blob=True)
+hypothesis_settings.load_profile("openrl")
 
 
 @pytest.fixture(scope="session")

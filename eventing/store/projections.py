@@ -15,6 +15,7 @@ from sqlalchemy.engine import Connection
 
 from eventing.store import tables as t
 from openrl_core.events import Event
+from openrl_core.events import access as access_events
 from openrl_core.events import checkpoints as checkpoint_events
 from openrl_core.events import sampling as sampling_events
 from openrl_core.events import sessions as session_events
@@ -89,7 +90,7 @@ def _session_finished(conn: Connection, event: Event) -> None:
     )
 
 
-@handles(session_events.TELEMETRY_RECEIVED, training_events.SEQ_SKIPPED, SNAPSHOT_TAKEN)
+@handles(session_events.TELEMETRY_RECEIVED, training_events.SEQ_SKIPPED, SNAPSHOT_TAKEN, access_events.LOOKUP_REFUSED)
 def _no_projection(conn: Connection, event: Event) -> None:
     """Kept in the events table only."""
 

@@ -24,11 +24,11 @@ ID_FIELDS = ("request_id", "session_id", "model_id", "sampling_session_id", "run
 DETAIL_FIELDS = (
     "base_model", "seq_id", "model_seq_id", "loss_fn", "forward_only", "name", "kind", "path", "source_path",
     "with_optimizer", "num_samples", "ttl_seconds", "overwrite", "destination", "new_session_project_id",
-    "sampling_session_seq_id", "next_seq", "event_count", "sdk_version",
+    "sampling_session_seq_id", "next_seq", "event_count", "sdk_version", "method", "route",
 )  # fmt: skip
 # Lists are recorded by their length only: they hold training data or tokens.
 COUNTED_FIELDS = ("data", "prompt_tokens", "sample_sequence_ids", "tags")
-TERMINAL_PHASES = ("completed", "failed", "cancelled", "skipped")
+TERMINAL_PHASES = ("completed", "failed", "cancelled", "skipped", "refused")
 ERROR_CHARS = 300  # a failure's message is cut here: enough to say what went wrong
 DETAIL_CHARS = 200
 
@@ -88,7 +88,7 @@ def _outcome(event: Event) -> dict[str, Any]:
     data = event.data
     if isinstance(data, RequestFailed):
         return {"status": "failed", "category": data.category, "error": _short(data.error, ERROR_CHARS)}
-    status = {"cancelled": "cancelled", "skipped": "skipped"}.get(event.phase, "completed")
+    status = {"cancelled": "cancelled", "skipped": "skipped", "refused": "refused"}.get(event.phase, "completed")
     outcome: dict[str, Any] = {"status": status}
     checkpoint = _checkpoint(data)
     if checkpoint is not None:

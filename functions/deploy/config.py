@@ -62,7 +62,7 @@ def checked(
     settings = settings or Settings()
     if not image or not image.strip():
         raise DeployConfigError("no container image: pass --image REGISTRY/openrl:TAG (build it from Containerfile)")
-    if not DNS_LABEL.match(namespace):
+    if not DNS_LABEL.fullmatch(namespace):
         raise DeployConfigError(f"namespace {namespace!r} is not a Kubernetes name (lower-case letters, digits, '-')")
     catalog = Catalog.from_names(None, settings.local_models, settings.model_aliases)
     models = list(dict.fromkeys(base_models or [TINY_QWEN3]))

@@ -19,6 +19,7 @@ from typing import Optional
 from fastapi import FastAPI
 
 from functions.gateway import errors
+from functions.gateway.body_limit import BodyLimit
 from functions.gateway.context import GatewayContext
 from functions.gateway.routes import client, futures, models, sampling, sessions, training
 from functions.gateway import downloads
@@ -36,6 +37,7 @@ def create_app(ctx: GatewayContext) -> FastAPI:
 
     app = FastAPI(title="OpenRL gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.ctx = ctx
+    app.add_middleware(BodyLimit, limit=ctx.settings.max_request_bytes)
     errors.install(app)
     for module in (client, sessions, models, training, sampling, futures):
         app.include_router(module.router)

@@ -8,6 +8,7 @@ between, `republish_outbox` on the next start finishes the job.
 from __future__ import annotations
 
 import hashlib
+import hmac
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -38,6 +39,17 @@ class GatewayContext:
     @classmethod
     def hash_key(cls, api_key: str) -> str:
         return hashlib.sha256(api_key.encode()).hexdigest()
+
+    def tenant_for_key(self, api_key: str) -> Optional[str]:
+        """The tenant of an API key, or None. The key's digest is compared with every
+        configured digest, each in constant time and without stopping at a match, so how long
+        the answer takes says nothing about which key, or how much of one, was right."""
+        digest = self.hash_key(api_key)
+        tenant = None
+        for known, owner in self.key_tenants.items():
+            if hmac.compare_digest(known, digest):
+                tenant = owner
+        return tenant
 
     def emit(self, event: Event, topic: Optional[str] = None, dedup: Optional[Dedup] = None) -> Appended:
         """Store, then publish: to `topic` when a worker must act, else to the tenant's

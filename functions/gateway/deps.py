@@ -9,7 +9,7 @@ from __future__ import annotations
 from fastapi import Request
 
 from functions.gateway.context import GatewayContext
-from openrl_core.errors import InvalidRequest, NotFound, Unauthorized
+from openrl_core.errors import InvalidRequest, NotFound, PayloadTooLarge, Unauthorized
 
 
 def get_ctx(request: Request) -> GatewayContext:
@@ -21,7 +21,7 @@ def get_tenant(request: Request) -> str:
     api_key = request.headers.get("x-api-key")
     if not api_key:
         raise Unauthorized("missing X-API-Key header")
-    tenant = ctx.key_tenants.get(GatewayContext.hash_key(api_key))
+    tenant = ctx.tenant_for_key(api_key)
     if tenant is None:
         raise Unauthorized("unknown API key")
     return tenant
@@ -44,10 +44,12 @@ def require_run(ctx: GatewayContext, tenant: str, model_id: str):
 
 
 async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with a 413 over `limit` (some routes take less than the server-wide
+    `max_request_bytes`, which `BodyLimit` enforces in front of every route)."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise InvalidRequest(f"request body of {declared} bytes is over the {limit}-byte limit")
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body of {declared} bytes is over this route's {limit}-byte limit")
     body = await request.body()
     if len(body) > limit:
-        raise InvalidRequest(f"request body of {len(body)} bytes is over the {limit}-byte limit")
+        raise PayloadTooLarge(f"request body of {len(body)} bytes is over this route's {limit}-byte limit")
     return body

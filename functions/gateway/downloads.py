@@ -55,8 +55,8 @@ from openrl_core.wire.base import UntypedAPIFuture
 router = APIRouter(prefix="/api/v1")
 
 SECRET_FILE = "download-secret"
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_TENANT = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+_SHA256 = re.compile(r"[0-9a-f]{64}")  # fullmatch: `$` would let a final newline through
+_TENANT = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
 _secrets: dict[Path, bytes] = {}
 
 
@@ -166,7 +166,7 @@ def download(
 ) -> FileResponse:
     if not expires or not given:
         raise _forbidden("download link lacks its expires and signature parameters")
-    if not expires.isdigit() or not _TENANT.match(tenant) or not _SHA256.match(sha256):
+    if not (expires.isascii() and expires.isdigit()) or not _TENANT.fullmatch(tenant) or not _SHA256.fullmatch(sha256):
         raise _forbidden("download link is malformed")
     expected = signature(server_secret(ctx.settings), tenant, sha256, int(expires))
     if not hmac.compare_digest(expected, given):

@@ -14,7 +14,8 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
-from openrl_core.errors import OpenRLError
+from functions.gateway import refusals
+from openrl_core.errors import NotFound, OpenRLError
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,11 @@ def install(app: FastAPI) -> None:
     async def _openrl(_request: Request, exc: OpenRLError) -> JSONResponse:
         if exc.http_status >= 500:
             log.error("server error: %s", exc.detail)
+        return JSONResponse({"detail": exc.detail}, status_code=exc.http_status)
+
+    @app.exception_handler(NotFound)
+    async def _not_found(request: Request, exc: NotFound) -> JSONResponse:
+        await refusals.record(request, exc)  # the audit trail of lookups a tenant was refused
         return JSONResponse({"detail": exc.detail}, status_code=exc.http_status)
 
     @app.exception_handler(RequestValidationError)

@@ -9,12 +9,12 @@ from typing import Callable
 import zstandard
 from fastapi import APIRouter, Depends, Request
 
-from functions.gateway import jsonbodies, proto
+from functions.gateway import body_limit, jsonbodies, proto
 from functions.gateway.context import GatewayContext
 from functions.gateway.deps import get_ctx, get_tenant, read_body, require_run
 from functions.gateway.submit import submit_sequenced
 from openrl_core.datum import DatumRecord, validate_batch
-from openrl_core.errors import InvalidRequest
+from openrl_core.errors import InvalidRequest, PayloadTooLarge
 from openrl_core.events.training import (
     FORWARD_BACKWARD,
     OPTIM_STEP,
@@ -37,11 +37,27 @@ router = APIRouter(prefix="/api/v1")
 async def _body(request: Request, ctx: GatewayContext) -> bytes:
     raw = await read_body(request, ctx.settings.max_request_bytes)
     if request.headers.get("content-encoding", "").lower() == "zstd":
-        try:
-            raw = zstandard.ZstdDecompressor().decompress(raw, max_output_size=ctx.settings.max_request_bytes)
-        except zstandard.ZstdError as exc:
-            raise InvalidRequest(f"body is not a valid zstd frame: {exc}") from None
+        return _unzstd(raw, ctx.settings.max_request_bytes)
     return raw
+
+
+def _unzstd(raw: bytes, limit: int) -> bytes:
+    """Decompress at most `limit` bytes. Not `decompress(max_output_size=...)`: that bound is
+    ignored when the frame header states its size, so a 2 KB body could expand to gigabytes."""
+    out, total = [], 0
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(raw) as reader:
+            while chunk := reader.read(1 << 20):
+                total += len(chunk)
+                if total > limit:
+                    raise PayloadTooLarge(
+                        f"zstd body decompresses to more than {limit} bytes, over this server's {limit}-byte limit "
+                        f"(setting {body_limit.SETTING})"
+                    )
+                out.append(chunk)
+    except zstandard.ZstdError as exc:
+        raise InvalidRequest(f"body is not a valid zstd frame: {exc}") from None
+    return b"".join(out)
 
 
 @router.post("/forward_backward")

@@ -1,7 +1,8 @@
 """Bad input on the REST routes (runs, checkpoints, exports, copies, sessions, downloads):
 each case is a clear 4xx whose `detail` says what is wrong, never a 500 or an empty 400, and
 nothing stored changes: no projection row and no event (a refused sequenced request records
-only its `seq.skipped`). Another tenant's objects answer exactly like missing ones."""
+only its `seq.skipped`, a 404 only its `access.lookup.refused` for the audit log). Another
+tenant's objects answer exactly like missing ones."""
 
 from __future__ import annotations
 
@@ -152,7 +153,7 @@ def test_bad_input_is_refused_clearly_and_changes_nothing(rest, route):
         if params == "SIGNED":  # a valid signature for alice's blob, presented under bob's name
             secret = downloads.server_secret(rest.runtime.settings)
             params = {"expires": "9999999999", "signature": downloads.signature(secret, "alice", names["SHA"], 9999999999)}
-        before, events = rest.snapshot(), rest.count_events() - rest.count_events("seq.skipped")
+        before, events, refusals = rest.snapshot(), recorded(rest), rest.count_events("access.lookup.refused")
         content = fill(json.dumps(body), names) if body is not None else None
         headers = {"X-API-Key": ALICE, "Content-Type": "application/json"}
         response = rest.client.request(method, fill(path, names), content=content, params=params, headers=headers)
@@ -161,7 +162,14 @@ def test_bad_input_is_refused_clearly_and_changes_nothing(rest, route):
         detail = response.json().get("detail")
         assert isinstance(detail, str) and fragment in detail, f"{case}: {detail}"
         assert rest.snapshot() == before, case
-        assert rest.count_events() - rest.count_events("seq.skipped") == events, case
+        assert recorded(rest) == events, case
+        # every refused lookup is on the audit trail (a path no route matches is not a lookup)
+        assert rest.count_events("access.lookup.refused") == refusals + (status == 404 and detail != "Not Found"), case
+
+
+def recorded(rest) -> int:
+    """Events other than the records of a refusal."""
+    return rest.count_events() - rest.count_events("seq.skipped") - rest.count_events("access.lookup.refused")
 
 
 def test_every_rest_route_needs_an_api_key(rest):
