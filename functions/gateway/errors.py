@@ -9,6 +9,7 @@ instead, because OpenAI clients read `error.message` and nothing else.
 from __future__ import annotations
 
 import logging
+from typing import Optional
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -33,8 +34,8 @@ def describe_validation(errors) -> str:
 OPENAI_PREFIX = "/v1/"
 
 
-def respond(request: Request, status: int, detail: str) -> JSONResponse:
-    body = error_body(status, detail) if request.url.path.startswith(OPENAI_PREFIX) else {"detail": detail}
+def respond(request: Request, status: int, detail: str, openai_code: Optional[str] = None) -> JSONResponse:
+    body = error_body(status, detail, openai_code) if request.url.path.startswith(OPENAI_PREFIX) else {"detail": detail}
     return JSONResponse(body, status_code=status)
 
 
@@ -43,7 +44,7 @@ def install(app: FastAPI) -> None:
     async def _openrl(request: Request, exc: OpenRLError) -> JSONResponse:
         if exc.http_status >= 500:
             log.error("server error: %s", exc.detail)
-        return respond(request, exc.http_status, exc.detail)
+        return respond(request, exc.http_status, exc.detail, getattr(exc, "openai_code", None))
 
     @app.exception_handler(RequestValidationError)
     async def _request_validation(request: Request, exc: RequestValidationError) -> JSONResponse:

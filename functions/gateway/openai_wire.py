@@ -15,6 +15,8 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from openrl_core.errors import NotFound
+
 # OpenAI's own limits for these arguments.
 MAX_COMPLETION_LOGPROBS = 5
 MAX_CHAT_TOP_LOGPROBS = 20
@@ -119,13 +121,17 @@ class ChatCompletionRequest(SamplingArgs):
 
 # -- errors ---------------------------------------------------------------------------------
 
-_CODES = {401: "invalid_api_key", 404: "model_not_found"}
+class ModelNotFound(NotFound):
+    """An unknown `model`: OpenAI's 404 with code `model_not_found`."""
+
+    openai_code = "model_not_found"
 
 
-def error_body(status: int, message: str) -> dict[str, Any]:
+def error_body(status: int, message: str, code: Optional[str] = None) -> dict[str, Any]:
     """OpenAI's error object; the official client picks its exception class by the status."""
     kind = "server_error" if status >= 500 else ("authentication_error" if status == 401 else "invalid_request_error")
-    return {"error": {"message": message, "type": kind, "param": None, "code": _CODES.get(status)}}
+    code = code or ("invalid_api_key" if status == 401 else None)
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
 
 # -- responses ------------------------------------------------------------------------------

@@ -110,7 +110,7 @@ class Target:
 
 
 def resolve_model(ctx: GatewayContext, tenant: str, model: str) -> Target:
-    missing = NotFound(f"The model {model!r} does not exist or you do not have access to it.")
+    missing = wire.ModelNotFound(f"The model {model!r} does not exist or you do not have access to it.")
     if model.startswith("tinker://"):
         try:
             base_model, adapter, weights = checkpoint_weights(ctx, tenant, model)
@@ -439,7 +439,7 @@ def stream(reply: Reply, request: Request, include_usage: bool) -> StreamingResp
         except OpenRLError as error:
             # The status went out with the first byte; OpenAI streams report a late error as
             # an event carrying the error object, which the official client raises.
-            yield f"data: {json.dumps(wire.error_body(error.http_status, error.detail))}\n\n"
+            yield f"data: {json.dumps(wire.error_body(error.http_status, error.detail, getattr(error, 'openai_code', None)))}\n\n"
             return
         for chunk in reply.chunks(choices, include_usage):
             yield f"data: {json.dumps(chunk)}\n\n"
