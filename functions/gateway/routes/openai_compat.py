@@ -34,15 +34,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
-import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import AsyncIterator, Optional
+from typing import Optional
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from eventing import topics
@@ -50,6 +47,7 @@ from eventing.store.event_store import Dedup
 from functions.gateway import openai_wire as wire
 from functions.gateway.context import SOURCE, GatewayContext
 from functions.gateway.deps import get_ctx, read_body, tenant_of_key
+from functions.gateway.openai_reply import Reply, stream
 from functions.gateway.openai_text import Completion, TextCodec, TextCodecs, finish
 from functions.gateway.routes.sampling import MAX_NUM_SAMPLES, checkpoint_weights
 from functions.gateway.submit import submit
@@ -351,10 +349,7 @@ def completion_prompts(body: wire.CompletionRequest):
 async def completions(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(openai_tenant)):
     body = wire.CompletionRequest.model_validate_json(await read_body(request, ctx.settings.max_request_bytes))
     job = await prepare(request, body, tenant, completion_prompts(body), body.max_tokens or 16)
-    reply = Reply(job, "cmpl-", body.model, body.logprobs, chat=False)
-    if body.stream:
-        return stream(reply, request, bool(body.stream_options and body.stream_options.include_usage))
-    return reply.whole(await await_job(job, request))
+    return await answer(job, request, body, body.logprobs, chat=False)
 
 
 @router.post("/chat/completions")
@@ -364,85 +359,12 @@ async def chat_completions(request: Request, ctx: GatewayContext = Depends(get_c
         raise InvalidRequest("top_logprobs needs logprobs: true")
     messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
     job = await prepare(request, body, tenant, lambda codec: [codec.chat_prompt(messages)], body.token_limit())
-    top = (body.top_logprobs or 0) if body.logprobs else None
-    reply = Reply(job, "chatcmpl-", body.model, top, chat=True)
+    return await answer(job, request, body, (body.top_logprobs or 0) if body.logprobs else None, chat=True)
+
+
+async def answer(job: Job, request: Request, body: wire.SamplingArgs, logprobs: Optional[int], chat: bool):
+    prompt_tokens = sum(len(p) for p in job.prompts)  # each prompt once, whatever n is
+    reply = Reply(job.request_ids[0], body.model, job.codec, prompt_tokens, logprobs, chat)
     if body.stream:
-        return stream(reply, request, bool(body.stream_options and body.stream_options.include_usage))
+        return stream(reply, await_job(job, request), bool(body.stream_options and body.stream_options.include_usage))
     return reply.whole(await await_job(job, request))
-
-
-# -- answers ----------------------------------------------------------------------------------
-
-
-class Reply:
-    """Renders a job's choices as one OpenAI response, or as its stream of chunks."""
-
-    def __init__(self, job: Job, prefix: str, model: str, logprobs: Optional[int], chat: bool) -> None:
-        self.job, self.model, self.logprobs, self.chat = job, model, logprobs, chat
-        self.id = prefix + job.request_ids[0].removeprefix("req-")
-        self.created = int(time.time())
-        self.object = "chat.completion" if chat else "text_completion"
-
-    def usage(self, choices: list[Completion]) -> dict:
-        return wire.usage(sum(len(p) for p in self.job.prompts), sum(c.sampled for c in choices))
-
-    def _logprobs(self, choice: Completion, start: int, end: int, offset: int):
-        if self.logprobs is None:
-            return None
-        tokens, lps, pieces = choice.tokens[start:end], choice.logprobs[start:end], choice.pieces[start:end]
-        texts = [self.job.codec.decode([t]) for t in tokens]
-        if self.chat:
-            return wire.chat_logprobs(texts, lps, self.logprobs)
-        return wire.completion_logprobs(texts, lps, pieces, offset)
-
-    def whole(self, choices: list[Completion]) -> dict:
-        rendered = []
-        for index, choice in enumerate(choices):
-            logprobs = self._logprobs(choice, 0, len(choice.tokens), 0)
-            if self.chat:
-                message = {"role": "assistant", "content": choice.text}
-                rendered.append({"index": index, "message": message, "logprobs": logprobs, "finish_reason": choice.finish_reason})
-            else:
-                rendered.append({"index": index, "text": choice.text, "logprobs": logprobs, "finish_reason": choice.finish_reason})
-        return {"id": self.id, "object": self.object, "created": self.created, "model": self.model, "choices": rendered, "usage": self.usage(choices)}
-
-    def chunk(self, index: int, piece: Optional[str], logprobs, finish_reason: Optional[str], first: bool = False) -> dict:
-        if self.chat:
-            delta = {} if piece is None else ({"role": "assistant", "content": piece} if first else {"content": piece})
-            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-        else:
-            choice = {"index": index, "text": piece or "", "logprobs": logprobs, "finish_reason": finish_reason}
-        kind = "chat.completion.chunk" if self.chat else "text_completion"
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": [choice]}
-
-    def chunks(self, choices: list[Completion], include_usage: bool) -> list[dict]:
-        out = []
-        for index, choice in enumerate(choices):
-            if self.chat:
-                out.append(self.chunk(index, "", None, None, first=True))
-            offset = 0
-            for position, piece in enumerate(choice.pieces):
-                if piece or self.logprobs is not None:
-                    out.append(self.chunk(index, piece, self._logprobs(choice, position, position + 1, offset), None))
-                offset += len(piece)
-            out.append(self.chunk(index, None, None, choice.finish_reason))
-        if include_usage:
-            kind = "chat.completion.chunk" if self.chat else "text_completion"
-            out.append({"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": [], "usage": self.usage(choices)})
-        return out
-
-
-def stream(reply: Reply, request: Request, include_usage: bool) -> StreamingResponse:
-    async def events() -> AsyncIterator[str]:
-        try:
-            choices = await await_job(reply.job, request)
-        except OpenRLError as error:
-            # The status went out with the first byte; OpenAI streams report a late error as
-            # an event carrying the error object, which the official client raises.
-            yield f"data: {json.dumps(wire.error_body(error.http_status, error.detail, getattr(error, 'openai_code', None)))}\n\n"
-            return
-        for chunk in reply.chunks(choices, include_usage):
-            yield f"data: {json.dumps(chunk)}\n\n"
-        yield "data: [DONE]\n\n"
-
-    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
