@@ -53,6 +53,7 @@ from functions.gateway.routes.sampling import MAX_NUM_SAMPLES, checkpoint_weight
 from functions.gateway.submit import submit
 from openrl_core.errors import InvalidRequest, NotFound, OpenRLError, ServerError, Unauthorized
 from openrl_core.events import new_event
+from openrl_core.events.lifecycle import BlobRef
 from openrl_core.events.sampling import (
     SAMPLE,
     SAMPLE_CANCEL_REQUESTED,
@@ -74,6 +75,8 @@ class ClientGone(OpenRLError):
 
     category = "user"
     http_status = 499  # nginx's "client closed request": nobody is there to read it
+
+
 SESSION_NAMESPACE = uuid.UUID("5b0c5f8e-8d1e-4d59-9a57-0f3c1d6e2a41")  # fixed: a tenant's session id must not change
 
 
@@ -102,8 +105,8 @@ class Target:
 
     name: str
     base_model: str
-    adapter: Optional[dict] = None
-    weights: Optional[object] = None
+    adapter: Optional[dict[str, BlobRef]] = None
+    weights: Optional[BlobRef] = None  # a full fine-tuning run's published weights
     model_path: Optional[str] = None
 
 
