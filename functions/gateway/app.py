@@ -25,6 +25,7 @@ from functions.gateway.routes import client, futures, models, sampling, sessions
 from functions.gateway import downloads
 from functions.gateway.routes import checkpoints, runs
 from functions.gateway.routes import unsupported
+from functions.gateway.routes import openai_compat
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ def create_app(ctx: GatewayContext) -> FastAPI:
         app.include_router(module.router)
     for module in (runs, checkpoints, downloads):
         app.include_router(module.router)
+    app.include_router(openai_compat.router)  # /v1: the OpenAI-compatible endpoint
     app.include_router(unsupported.router)  # Tinker endpoints a self-hosted server refuses, with reasons
     return app
 

@@ -17,10 +17,13 @@ def get_ctx(request: Request) -> GatewayContext:
 
 
 def get_tenant(request: Request) -> str:
-    ctx: GatewayContext = request.app.state.ctx
     api_key = request.headers.get("x-api-key")
     if not api_key:
         raise Unauthorized("missing X-API-Key header")
+    return tenant_of_key(request.app.state.ctx, api_key)
+
+
+def tenant_of_key(ctx: GatewayContext, api_key: str) -> str:
     tenant = ctx.tenant_for_key(api_key)
     if tenant is None:
         raise Unauthorized("unknown API key")

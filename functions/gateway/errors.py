@@ -1,12 +1,15 @@
 """Every error leaves the gateway as `{"detail": "<what was wrong>"}` with a fitting status.
 
 Never an empty 400: the SDK takes an empty-bodied 400 for a proxy glitch and retries it.
-Validation errors become a 400 whose detail names each bad field in one sentence.
+Validation errors become a 400 whose detail names each bad field in one sentence. Under
+`/v1/` (the OpenAI-compatible routes) the same message goes out in OpenAI's error shape
+instead, because OpenAI clients read `error.message` and nothing else.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Optional
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -15,6 +18,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from functions.gateway import refusals
+from functions.gateway.openai_wire import error_body
 from openrl_core.errors import NotFound, OpenRLError
 
 log = logging.getLogger(__name__)
@@ -28,31 +32,39 @@ def describe_validation(errors) -> str:
     return "invalid request: " + "; ".join(parts)
 
 
+OPENAI_PREFIX = "/v1/"
+
+
+def respond(request: Request, status: int, detail: str, openai_code: Optional[str] = None) -> JSONResponse:
+    body = error_body(status, detail, openai_code) if request.url.path.startswith(OPENAI_PREFIX) else {"detail": detail}
+    return JSONResponse(body, status_code=status)
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(OpenRLError)
-    async def _openrl(_request: Request, exc: OpenRLError) -> JSONResponse:
+    async def _openrl(request: Request, exc: OpenRLError) -> JSONResponse:
         if exc.http_status >= 500:
             log.error("server error: %s", exc.detail)
-        return JSONResponse({"detail": exc.detail}, status_code=exc.http_status)
+        return respond(request, exc.http_status, exc.detail, getattr(exc, "openai_code", None))
 
     @app.exception_handler(NotFound)
     async def _not_found(request: Request, exc: NotFound) -> JSONResponse:
         await refusals.record(request, exc)  # the audit trail of lookups a tenant was refused
-        return JSONResponse({"detail": exc.detail}, status_code=exc.http_status)
+        return respond(request, exc.http_status, exc.detail, getattr(exc, "openai_code", None))
 
     @app.exception_handler(RequestValidationError)
-    async def _request_validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse({"detail": describe_validation(exc.errors())}, status_code=400)
+    async def _request_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return respond(request, 400, describe_validation(exc.errors()))
 
     @app.exception_handler(ValidationError)
-    async def _validation(_request: Request, exc: ValidationError) -> JSONResponse:
-        return JSONResponse({"detail": describe_validation(exc.errors())}, status_code=400)
+    async def _validation(request: Request, exc: ValidationError) -> JSONResponse:
+        return respond(request, 400, describe_validation(exc.errors()))
 
     @app.exception_handler(HTTPException)
-    async def _http(_request: Request, exc: HTTPException) -> JSONResponse:
-        return JSONResponse({"detail": str(exc.detail or "error")}, status_code=exc.status_code)
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        return respond(request, exc.status_code, str(exc.detail or "error"))
 
     @app.exception_handler(Exception)
-    async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error")
-        return JSONResponse({"detail": f"internal error: {type(exc).__name__}"}, status_code=500)
+        return respond(request, 500, f"internal error: {type(exc).__name__}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 from fastapi import APIRouter, Depends, Request
 
 from eventing.store.event_store import Dedup
@@ -13,6 +15,7 @@ from functions.gateway.submit import submit
 from functions.compute.weight_sync import MANIFEST
 from openrl_core.errors import InvalidRequest, NotFound
 from openrl_core.events import new_event
+from openrl_core.events.lifecycle import BlobRef
 from openrl_core.events.sampling import SAMPLE, SAMPLING_SESSION_CREATED, SampleRequested, SamplingSessionCreated
 from openrl_core.ids import new_request_id, sampling_session_id_for
 from openrl_core.losses import RECORD_STABILITY_INFO_REFUSAL
@@ -41,19 +44,10 @@ async def create_sampling_session(
     sampling_session_id = sampling_session_id_for(body.session_id, body.sampling_session_seq_id)
     base_model, adapter, weights = body.base_model, None, None
     if body.model_path:
-        parsed, _row, run, files = resolve_checkpoint(ctx, tenant, body.model_path)
-        if base_model is not None and base_model != run.base_model:
-            raise InvalidRequest(f"{body.model_path!r} was trained on {run.base_model!r}, not {base_model!r}")
-        base_model = run.base_model
-        if parsed.kind != "sampler_weights" and not run.is_lora:
-            raise InvalidRequest(
-                f"{body.model_path!r} is a full fine-tuning training state; sample from a sampler_weights/ checkpoint "
-                "(save_weights_for_sampler) of the run"
-            )
-        if MANIFEST in files:
-            weights = files[MANIFEST]
-        else:
-            adapter = {name: ref for name, ref in files.items() if name in ADAPTER_FILES}
+        trained_on, adapter, weights = checkpoint_weights(ctx, tenant, body.model_path)
+        if base_model is not None and base_model != trained_on:
+            raise InvalidRequest(f"{body.model_path!r} was trained on {trained_on!r}, not {base_model!r}")
+        base_model = trained_on
     if base_model is None:
         raise InvalidRequest("create_sampling_session needs a base_model or a model_path")
     ctx.models.catalog.resolve(base_model)
@@ -69,6 +63,20 @@ async def create_sampling_session(
     event = new_event(SAMPLING_SESSION_CREATED, payload, tenant=tenant, source=SOURCE, key=sampling_session_id)
     ctx.emit(event, dedup=Dedup.of(f"sampler:{sampling_session_id}", raw))
     return CreateSamplingSessionResponse(sampling_session_id=sampling_session_id)
+
+
+def checkpoint_weights(ctx: GatewayContext, tenant: str, model_path: str) -> tuple[str, Optional[dict[str, BlobRef]], Optional[BlobRef]]:
+    """What a sample from the checkpoint at `model_path` runs on: (base model, LoRA adapter
+    files, or a full run's published weights manifest). Another tenant's path is NotFound."""
+    parsed, _row, run, files = resolve_checkpoint(ctx, tenant, model_path)
+    if parsed.kind != "sampler_weights" and not run.is_lora:
+        raise InvalidRequest(
+            f"{model_path!r} is a full fine-tuning training state; sample from a sampler_weights/ checkpoint "
+            "(save_weights_for_sampler) of the run"
+        )
+    if MANIFEST in files:
+        return run.base_model, None, files[MANIFEST]
+    return run.base_model, {name: ref for name, ref in files.items() if name in ADAPTER_FILES}, None
 
 
 @router.get("/samplers/{sampling_session_id}")
