@@ -136,6 +136,13 @@ def test_another_tenants_run_answers_like_an_unknown_one_and_the_operator_sees_a
 
     _, everyone = as_json(server, capsys, OPERATOR, "runs", "list")
     assert {(r["run_id"], r["tenant"]) for r in everyone["runs"]} == {(runs["run"], "alice"), (runs["bob_run"], "bob")}
+    # Bad input: a clear 4xx that says what is wrong.
+    api = httpx.Client(base_url=server.url + "/api/openrl/v1", headers={"X-API-Key": ALICE})
+    for path, params in (("/checkpoints/archive", {"path": "tinker://../x"}), ("/runs", {"limit": 0}), ("/runs", {"status": "odd"})):
+        bad = api.get(path, params=params)
+        assert bad.status_code == 400 and bad.json()["detail"], (path, bad.text)
+    assert api.get("/runs", headers={"X-API-Key": "tml-nobody"}).status_code == 401
+    api.close()
     # The operator's key is nobody's Tinker key.
     refused = httpx.post(server.url + "/api/v1/create_session", json={"tags": [], "sdk_version": "x"}, headers={"X-API-Key": OPERATOR})
     assert refused.status_code == 401
