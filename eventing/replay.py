@@ -32,7 +32,9 @@ from eventing.store.tables import metadata
 from openrl_core.events import Event
 
 # Every table folded from events. The outbox (in flight) and api_keys (configuration) are not.
-PROJECTED = ("sessions", "training_runs", "checkpoints", "sampling_sessions", "futures", "submissions", "lease_fences")
+PROJECTED = (
+    "sessions", "training_runs", "run_steps", "checkpoints", "sampling_sessions", "futures", "submissions", "lease_fences",
+)  # fmt: skip
 
 
 @dataclass

@@ -88,13 +88,17 @@ def main(argv: list[str] | None = None) -> int:
     tail.add_argument("-n", "--lines", type=int, default=20, help="history lines to print first (0: all)")
     tail.add_argument("-f", "--follow", action="store_true", help="keep printing new events from the log")
 
+    from functions import cli_runs
     from functions.deploy import cli as kubernetes_cli
     from functions.timeslicer import cli as timeslicer_cli
 
     timeslicer_cli.add_parser(commands)
     kubernetes_cli.add_commands(commands)  # deploy, scheduler, function
+    cli_runs.add_commands(commands)  # runs, checkpoints, sessions: a client of a running server
 
     args = parser.parse_args(argv)
+    if args.command in cli_runs.COMMANDS:
+        return cli_runs.run(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for chatty in ("kafka", "alembic"):  # their INFO lines drown ours
         logging.getLogger(chatty).setLevel(logging.WARNING)

@@ -67,6 +67,7 @@ class Runtime:
             publisher=self.publisher,
             models=self.models,
             key_tenants=tenants,
+            operator_key_hash=GatewayContext.hash_key(operator) if (operator := self.settings.operator_key()) else None,
             notifier=self.notifier,
         )
         self.notifier.subscribe(ctx.waiters.notify)

@@ -43,6 +43,12 @@ class SeqGate(Generic[T]):
         self._held[seq_id] = _SKIPPED  # type: ignore[assignment]
         return self._drain()
 
+    def discard(self) -> list[T]:
+        """Drop every held request (its run was cancelled); returns them, to release them."""
+        held = [item for item in self._held.values() if item is not _SKIPPED]
+        self._held.clear()
+        return held
+
     @property
     def waiting_for(self) -> int | None:
         """The missing seq_id that holds everything back, or None when nothing is held."""

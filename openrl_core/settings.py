@@ -35,6 +35,11 @@ class Settings(BaseSettings):
         default_factory=lambda: [DEFAULT_API_KEY],
         description="accepted API keys, comma-separated; an entry `tenant=key` names the key's tenant",
     )
+    operator_api_key: Optional[SecretStr] = Field(
+        None,
+        description="a key (starting 'tml-') for the operator: on the OpenRL API (/api/openrl/v1, `openrl runs`) it "
+        "sees and cancels every tenant's runs; it is no tenant's key, so the Tinker API refuses it. Unset: no operator",
+    )
     models: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="base models served (comma-separated); empty serves every catalogue model"
     )
@@ -264,6 +269,16 @@ class Settings(BaseSettings):
                 raise InvalidRequest("API keys must start with 'tml-' (the tinker SDK refuses any other)")
             keys[key] = check_tenant_name(tenant)
         return keys
+
+    def operator_key(self) -> Optional[str]:
+        if self.operator_api_key is None:
+            return None
+        key = self.operator_api_key.get_secret_value()
+        if not key.startswith("tml-"):
+            raise InvalidRequest("operator_api_key must start with 'tml-' (the tinker SDK and the CLI send only such keys)")
+        if key in self.tenant_keys():
+            raise InvalidRequest("operator_api_key must differ from every tenant's key in api_keys")
+        return key
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{(self.data_dir / 'events.db').resolve()}"

@@ -4,7 +4,8 @@ A row comes from every training run and sampling session whose session is unfini
 that still has unfinished futures (a finished session's requests in flight still need a
 worker). Its `last_request` is the newest of its futures (or its creation time), `pending`
 counts its futures not yet terminal, `oldest_pending` is when the oldest of them was made.
-A full fine-tuning run is a training run with `is_lora = false`.
+A full fine-tuning run is a training run with `is_lora = false`. A cancelled run and the
+sampling sessions its cancellation closed make no row: they need no worker.
 
 The futures are read through their (tenant, session_id) index, only for the sessions that
 can matter, so a store with years of finished sessions costs no full scan per reconcile.
@@ -65,7 +66,7 @@ def read_activity(engine: Engine) -> list[Activity]:
         *[(s, s.sampling_session_id, "sampling") for s in samplers],
     ]:
         finished = sessions.get((row.tenant, row.session_id))
-        if finished is None:
+        if finished is None or _ended(row, kind):
             continue
         stat = futures.get((row.tenant, key))
         newest = _utc(stat.newest) if stat is not None else None
@@ -83,6 +84,13 @@ def read_activity(engine: Engine) -> list[Activity]:
             )
         )
     return activities
+
+
+def _ended(row, kind: str) -> bool:
+    """A cancelled run, or a sampling session its cancellation closed, needs no worker."""
+    if kind == "sampling":
+        return getattr(row, "closed_at", None) is not None
+    return row.state == "cancelled"
 
 
 def pending_request_ids(engine: Engine, tenant: str, key: str) -> list[str]:

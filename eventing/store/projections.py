@@ -23,7 +23,7 @@ from openrl_core.events import training as training_events
 from openrl_core.events.recovery import SNAPSHOT_TAKEN
 from openrl_core.events.lifecycle import CheckpointSaved, RequestCompleted, RequestFailed, SamplingSessionBound
 from openrl_core.futures import FutureState, Phase, evolve
-from openrl_core.ids import CHECKPOINT_TYPE, session_of
+from openrl_core.ids import CHECKPOINT_TYPE, TinkerPath, session_of
 
 Handler = Callable[[Connection, Event], None]
 _HANDLERS: dict[str, Handler] = {}
@@ -210,12 +210,14 @@ def _model_lifecycle(conn: Connection, event: Event) -> None:
 
 @handles(training_events.SAVE_WEIGHTS["completed"], training_events.SAVE_WEIGHTS_FOR_SAMPLER["completed"])
 def _saved(conn: Connection, event: Event) -> None:
-    if _future(conn, event) is None:
+    # CANCELLED: its run was cancelled before the trainer got to it; what it saved is not kept.
+    if _future(conn, event) in (None, FutureState.CANCELLED):
         return
     if event.data.checkpoint is not None:
         _upsert_checkpoint(conn, event, event.data.checkpoint)
     if event.data.sampling_session is not None:
-        _insert_sampling_session(conn, event, event.data.sampling_session, seq=None)
+        run_id = conn.execute(select(t.futures.c.model_id).where(t.futures.c.request_id == event.data.request_id)).scalar()
+        _insert_sampling_session(conn, event, event.data.sampling_session, seq=None, run_id=run_id)
 
 
 def _upsert_checkpoint(conn: Connection, event: Event, saved: CheckpointSaved) -> None:
@@ -227,7 +229,9 @@ def _upsert_checkpoint(conn: Connection, event: Event, saved: CheckpointSaved) -
 # -- sampling ------------------------------------------------------------------------------
 
 
-def _insert_sampling_session(conn: Connection, event: Event, bound: SamplingSessionBound, seq: Optional[int]) -> None:
+def _insert_sampling_session(
+    conn: Connection, event: Event, bound: SamplingSessionBound, seq: Optional[int], run_id: Optional[str] = None
+) -> None:
     exists = conn.execute(
         select(t.sampling_sessions.c.sampling_session_id).where(
             t.sampling_sessions.c.sampling_session_id == bound.sampling_session_id
@@ -245,6 +249,7 @@ def _insert_sampling_session(conn: Connection, event: Event, bound: SamplingSess
             adapter={name: ref.model_dump() for name, ref in bound.adapter.items()} if bound.adapter else None,
             weights=bound.weights.model_dump() if bound.weights else None,
             created_at=event.time,
+            run_id=run_id,
         )
     )
 
@@ -260,7 +265,8 @@ def _sampling_session_created(conn: Connection, event: Event) -> None:
         adapter=data.adapter,
         weights=data.weights,
     )
-    _insert_sampling_session(conn, event, bound, data.sampling_session_seq_id)
+    run_id = TinkerPath.parse(data.model_path).run_id if data.model_path else None
+    _insert_sampling_session(conn, event, bound, data.sampling_session_seq_id, run_id=run_id)
 
 
 def expiry(ttl_seconds: Optional[int], now: datetime) -> Optional[datetime]:
@@ -276,7 +282,7 @@ handles(training_events.SAVE_WEIGHTS_EXTERNAL["requested"])(_training_requested)
 @handles(training_events.SAVE_WEIGHTS_EXTERNAL["completed"])
 def _exported(conn: Connection, event: Event) -> None:
     # Not `_saved`: an export is neither the run's last training nor its last sampler checkpoint.
-    if _future(conn, event) is None or event.data.checkpoint is None:
+    if _future(conn, event) in (None, FutureState.CANCELLED) or event.data.checkpoint is None:
         return
     _put_checkpoint(conn, event.tenant, event.data.checkpoint, event.time)
     _touch_run(conn, event.data.checkpoint.run_id, event.time)
@@ -394,3 +400,7 @@ def _sample_cancelled(conn: Connection, event: Event) -> None:
             .where(t.futures.c.request_id == event.data.request_id)
             .values(error=event.data.reason, category="user", completed_at=event.time)
         )
+
+
+# Steps and cancellation fold in a module of their own; importing it registers its handlers.
+from eventing.store import run_projections  # noqa: E402,F401

@@ -13,6 +13,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Float,
     Index,
     Integer,
     LargeBinary,
@@ -133,6 +134,29 @@ training_runs = Table(
     Column("last_request_time", DateTime(timezone=True), nullable=False),
     Column("last_checkpoint", String(300)),
     Column("last_sampler_checkpoint", String(300)),
+    Column("cancelled_at", DateTime(timezone=True)),
+    Index(None, "tenant"),
+)
+
+# One row per optim_step of a run, folded from the completions (which the trainer emits in
+# seq order, so the fold needs no reordering): the step's training forward_backward calls
+# add their loss and tokens to the run's open row (completed_at NULL), and its optim_step
+# closes it. What `openrl runs show --metrics` and the metrics route read.
+run_steps = Table(
+    "run_steps",
+    metadata,
+    Column("model_id", String(200), primary_key=True),
+    Column("step", Integer, primary_key=True),
+    Column("tenant", String(64), nullable=False),
+    Column("loss", Float),  # sum of the step's forward_backward "loss:sum" metrics
+    Column("tokens", BigInteger, nullable=False),
+    Column("forward_backward", Integer, nullable=False),
+    Column("learning_rate", Float),
+    Column("grad_norm", Float),
+    Column("metrics", JSON),  # the optim_step's own metrics, as the trainer reported them
+    Column("first_request_at", DateTime(timezone=True), nullable=False),
+    Column("started_at", DateTime(timezone=True)),
+    Column("completed_at", DateTime(timezone=True)),
     Index(None, "tenant"),
 )
 
@@ -164,6 +188,10 @@ sampling_sessions = Table(
     Column("adapter", JSON),
     Column("weights", JSON),  # a full run's: the manifest of its published weights
     Column("created_at", DateTime(timezone=True), nullable=False),
+    # The training run whose weights it samples (saved by it, or a checkpoint of it), and
+    # when cancelling that run closed it.
+    Column("run_id", String(200)),
+    Column("closed_at", DateTime(timezone=True)),
     Index(None, "tenant"),
 )
 

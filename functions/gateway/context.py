@@ -33,6 +33,7 @@ class GatewayContext:
     models: ModelDirectory
     waiters: FutureWaiters = field(default_factory=FutureWaiters)
     key_tenants: dict[str, str] = field(default_factory=dict)  # sha256(key) -> tenant
+    operator_key_hash: Optional[str] = None  # sha256 of settings.operator_api_key
     # The store's wake-up channel (LISTEN/NOTIFY on PostgreSQL): reaches every gateway replica.
     notifier: Optional[Any] = None
 

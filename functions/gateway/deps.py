@@ -1,15 +1,20 @@
 """Request dependencies: the process context, the caller's tenant, owned-object lookups.
 
 Lookups are tenant-scoped: another tenant's session, model or future is "unknown", with
-the same 404 an id that never existed gets.
+the same 404 an id that never existed gets. A cancelled run, and a sampling session its
+cancellation closed, answer 410 to every later request.
 """
 
 from __future__ import annotations
 
+import hmac
+from dataclasses import dataclass
+from typing import Optional
+
 from fastapi import Request
 
 from functions.gateway.context import GatewayContext
-from openrl_core.errors import InvalidRequest, NotFound, PayloadTooLarge, Unauthorized
+from openrl_core.errors import Gone, InvalidRequest, NotFound, PayloadTooLarge, Unauthorized
 
 
 def get_ctx(request: Request) -> GatewayContext:
@@ -43,6 +48,18 @@ def require_run(ctx: GatewayContext, tenant: str, model_id: str):
         raise NotFound(f"unknown model_id {model_id!r}")
     if row.state == "failed":
         raise InvalidRequest(f"model {model_id!r} failed to load: {row.error}")
+    if row.state == "cancelled":
+        # 410, not 409: the SDK retries a 409 for minutes; a cancelled run never comes back.
+        raise Gone(
+            f"training run {model_id!r} was cancelled; it takes no more requests (its saved checkpoints remain: "
+            "start a new run from one with create_training_client_from_state)"
+        )
+    return row
+
+
+def require_open_sampler(row, sampling_session_id: str):
+    if row.closed_at is not None:
+        raise Gone(f"sampling session {sampling_session_id!r} is closed: its training run {row.run_id!r} was cancelled")
     return row
 
 
@@ -56,3 +73,22 @@ async def read_body(request: Request, limit: int) -> bytes:
     if len(body) > limit:
         raise PayloadTooLarge(f"request body of {len(body)} bytes is over this route's {limit}-byte limit")
     return body
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who calls the OpenRL API: a tenant, or the operator (tenant None), who sees every tenant."""
+
+    tenant: Optional[str]
+
+    @property
+    def operator(self) -> bool:
+        return self.tenant is None
+
+
+def get_caller(request: Request) -> Caller:
+    ctx: GatewayContext = request.app.state.ctx
+    api_key = request.headers.get("x-api-key")
+    if api_key and ctx.operator_key_hash is not None and hmac.compare_digest(GatewayContext.hash_key(api_key), ctx.operator_key_hash):
+        return Caller(tenant=None)
+    return Caller(tenant=get_tenant(request))

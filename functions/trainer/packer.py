@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from functions.timeslicer.client import Fenced
@@ -43,6 +44,9 @@ class Packer:
         slot = self.worker.slots.get(model_id)
         if slot is not None and not slot.full:
             self._last_seen[model_id] = time.monotonic()
+
+    def forget(self, model_id: str) -> None:
+        self._last_seen.pop(model_id, None)
 
     def should_linger(self) -> bool:
         """Wait a moment for more requests only while several LoRA models are training."""
@@ -86,6 +90,7 @@ class Packer:
         engine = worker.engine(base)
         files = worker.models.files(base)
         from functions.trainer.engine import PackRequest
+        from functions.trainer.worker import with_started
 
         requests, checked = [], []
         for model_id, _record, event in items:
@@ -105,6 +110,7 @@ class Packer:
         try:
             with worker.slicer.turn(jobs[0], also=tuple(jobs[1:])) as turn:
                 with worker._state:
+                    started = datetime.now(timezone.utc)
                     for model_id in models:
                         worker._ensure_resident(model_id, turn)
                     results = engine.forward_backward_many(requests)
@@ -131,7 +137,8 @@ class Packer:
             if isinstance(result, Exception):
                 worker._fail(event, result)
             else:
-                payload = RequestCompleted(request_id=event.data.request_id, **worker.forward_backward_result(result))
+                outcome = with_started(worker.forward_backward_result(result, event.data), started)
+                payload = RequestCompleted(request_id=event.data.request_id, **outcome)
                 worker._emit(event, "completed", payload, lease)
         log.debug("trainer: packed %d requests of %d models on %s", len(requests), len(models), base)
 

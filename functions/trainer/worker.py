@@ -13,6 +13,10 @@ model restored first if it was parked. The work's completion carries the lease i
 (`Turn.confirm`), so the event store refuses it if that lease was fenced meanwhile. The
 timeslicer's park requests arrive on another thread and take the same state lock as the
 compute, so a model is never moved while it is being used.
+
+A cancelled run (`training.run.cancelled`, on the run's own topic and key, so after all its
+earlier requests) loses everything it held here: requests still waiting, adapter or weights
+and optimizer state, its timeslicer job; any later event of it is ignored.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable, Optional
+
+import numpy as np
 
 from eventing import topics
 from eventing.blobs import BlobStore
@@ -104,8 +110,10 @@ class TrainerWorker:
         # Models another worker took over (a replacement with this worker's identity): never
         # served here again, so a paused-then-resumed worker cannot take them back.
         self._lost: set[str] = set()
+        self._cancelled: set[str] = set()  # runs cancelled: their state is dropped, their events ignored
         self._state = threading.Lock()  # compute, parking and restoring of any model
         self.packer = Packer(self, options.pack_linger if options.pack else 0.0, enabled=options.pack)
+        self._ready: dict[str, list] = {}
         self._handlers: dict[str, Callable[[Event], dict]] = {
             te.FORWARD_BACKWARD["requested"]: self._forward_backward,
             te.OPTIM_STEP["requested"]: self._optim_step,
@@ -170,8 +178,11 @@ class TrainerWorker:
         model_id = getattr(event.data, "model_id", None)
         if self.options.only_model is not None and model_id != self.options.only_model:
             return  # another run's trainer serves it
-        if model_id in self._lost:
-            return  # its replacement answers it
+        if model_id in self._lost or model_id in self._cancelled:
+            return  # its replacement answers it; or it was cancelled, and its futures with it
+        if event.type == te.RUN_CANCELLED:
+            self._cancel(model_id)
+            return
         full = record.topic.split(".")[2] == "training-full"
         if event.type == te.CREATE_MODEL["requested"] or (event.type == te.LOAD_WEIGHTS["requested"] and event.data.seq_id is None):
             self._execute(event, self._create, model_id, create=(full, event.data.base_model, event.data.lora_config))
@@ -247,8 +258,9 @@ class TrainerWorker:
                         before()
                     try:
                         with self._state:
+                            started = datetime.now(timezone.utc)
                             self._ensure_resident(model_id, turn)
-                            outcome = handler(event)
+                            outcome = with_started(handler(event), started)
                             if after is not None:
                                 after()
                     except Exception as exc:  # reported on its own future
@@ -347,6 +359,22 @@ class TrainerWorker:
         log.info("trainer: parked %s (%.1f MB in %.3f s)", model_id, nbytes / 1e6, seconds)
         return seconds, nbytes
 
+    def _cancel(self, model_id: str) -> None:
+        """The run was cancelled: drop what it held here (its requests waiting for a seq gap,
+        those ready in this poll, its adapter or weights with their optimizer state, its
+        timeslicer job). Its futures were already failed by the cancellation's projection."""
+        self._cancelled.add(model_id)
+        slot = self.slots.get(model_id)
+        waiting = (slot.gate.discard() if slot is not None else []) + [item for _seq, item in self._ready.pop(model_id, [])]
+        for record, _event in waiting:
+            self.offsets.release(record.topic, record.partition, record.offset)
+        with self._state:
+            self._forget(model_id)
+        if self.slicer.registered(self._job(model_id)):
+            self.slicer.unregister(self._job(model_id))
+        self.packer.forget(model_id)
+        log.info("trainer: %s was cancelled; dropped its state and %d request(s) not yet run", model_id, len(waiting))
+
     def _forget(self, model_id: str) -> None:
         slot = self.slots.pop(model_id, None)
         if slot is None:
@@ -425,12 +453,16 @@ class TrainerWorker:
         batch = [record.to_datum() for record in data.data]
         validate_batch(batch, data.loss_fn, files.vocab_size, files.max_context)
         output = self._engine(slot).forward_backward(data.model_id, batch, data.loss_fn, data.loss_fn_config, data.forward_only)
-        return self.forward_backward_result(output)
+        return self.forward_backward_result(output, data)
 
     @staticmethod
-    def forward_backward_result(output) -> dict:
+    def forward_backward_result(output, request) -> dict:
         outputs = [{"logprobs": Array.from_numpy(lp).model_dump()} for lp in output.logprobs]
-        return {"result": {"loss_fn_output_type": "ArrayRecord", "loss_fn_outputs": outputs, "metrics": output.metrics}}
+        # For the per-step metrics projection: what the step trained on (kept in the event only).
+        tokens = sum(int(np.prod(record.tokens.shape)) for record in request.data)
+        details = {"tokens": tokens, "forward_only": bool(request.forward_only)}
+        result = {"loss_fn_output_type": "ArrayRecord", "loss_fn_outputs": outputs, "metrics": output.metrics}
+        return {"result": result, "details": details}
 
     def _optim_step(self, event: Event) -> dict:
         slot = self._slot(event)
@@ -497,6 +529,11 @@ class TrainerWorker:
 
     def _read(self, tenant: str, refs) -> dict[str, bytes]:
         return {name: self.blobs.get(tenant, ref) for name, ref in refs.items()}
+
+
+def with_started(outcome: dict, started: datetime) -> dict:
+    """Add when the work began to the completion's details (the step metrics' queue wait)."""
+    return {**outcome, "details": {**(outcome.get("details") or {}), "started": started.isoformat()}}
 
 
 def _checkpoint(data, kind: str, files: dict, **extra) -> CheckpointSaved:

@@ -96,6 +96,17 @@ class LoadWeightsRequested(Payload):
     full_finetune: bool = False
 
 
+class RunCancelled(Payload):
+    """The run was cancelled (by its owner or an operator): its unfinished futures fail, its
+    sampling sessions close, the trainer drops its state, and the gateway refuses any later
+    request for it. Keyed by model id on the run's training topic, so the trainer sees it
+    after every request of the run sent before it."""
+
+    model_id: str
+    reason: str = "cancelled"
+    by: Literal["owner", "operator"] = "owner"
+
+
 class SeqSkipped(Payload):
     """The gateway refused this seq_id; the trainer must not wait for it."""
 
@@ -112,6 +123,7 @@ SAVE_WEIGHTS_FOR_SAMPLER = register_lifecycle(FAMILY, "save_weights_for_sampler"
 LOAD_WEIGHTS = register_lifecycle(FAMILY, "load_weights", LoadWeightsRequested)
 SAVE_WEIGHTS_EXTERNAL = register_lifecycle(FAMILY, "save_weights_external", SaveWeightsExternalRequested)
 SEQ_SKIPPED = register(event_type(FAMILY, "seq", "skipped"), SeqSkipped)
+RUN_CANCELLED = register(event_type(FAMILY, "run", "cancelled"), RunCancelled)
 
 SEQUENCED_REQUESTS = {
     FORWARD_BACKWARD["requested"],

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Request
 
 from eventing.store.event_store import Dedup
 from functions.gateway.context import SOURCE, GatewayContext
-from functions.gateway.deps import get_ctx, get_tenant, read_body, require_session
+from functions.gateway.deps import get_ctx, get_tenant, read_body, require_open_sampler, require_session
 from functions.gateway.routes.models import resolve_checkpoint
 from functions.gateway.routes.futures import submitted_key
 from functions.gateway.submit import submit
@@ -96,6 +96,7 @@ async def asample(request: Request, ctx: GatewayContext = Depends(get_ctx), tena
     session = ctx.projections.sampling_session(tenant, body.sampling_session_id)
     if session is None:
         raise NotFound(f"unknown sampling_session_id {body.sampling_session_id!r}")
+    require_open_sampler(session, body.sampling_session_id)
     files = ctx.models.files(session.base_model)
     prompt = _prompt_tokens(body)
     _validate(body, prompt, files.vocab_size, files.max_context)

@@ -191,3 +191,25 @@ def test_several_models_forward_backward_share_a_pass_and_answer_as_alone(tmp_pa
         assert all(np.array_equal(want[k], have[k]) for k in want)
     log.close()
     alone_log.close()
+
+
+def test_a_cancelled_run_loses_its_state_and_its_waiting_requests(rig):
+    worker, publisher, completions, _ = rig
+    create(worker, publisher, completions)
+    send(publisher, te.FORWARD_BACKWARD["requested"], fb(1))
+    [first] = pump(worker, completions, 1)
+    # What the per-step metrics read: the tokens trained on and when the work began.
+    assert first.data.details["tokens"] == 5 and first.data.details["forward_only"] is False
+    assert "started" in first.data.details
+    send(publisher, te.OPTIM_STEP["requested"], optim(3))  # waits for seq 2, which never comes
+    assert pump(worker, completions, 1) == []
+    job = worker._job(MODEL_ID)
+    assert worker.engine(TINY_QWEN3).has_adapter(MODEL_ID) and worker.slicer.registered(job)
+
+    send(publisher, te.RUN_CANCELLED, te.RunCancelled(model_id=MODEL_ID))
+    send(publisher, te.FORWARD_BACKWARD["requested"], fb(2))  # a late request: ignored
+    assert pump(worker, completions, 1) == []
+    assert not worker.engine(TINY_QWEN3).has_adapter(MODEL_ID)
+    assert MODEL_ID not in worker.slots and not worker.slicer.registered(job)
+    # The held optim_step no longer pins the committed offset: everything polled can be committed.
+    assert worker.offsets.committable() == worker.offsets._next

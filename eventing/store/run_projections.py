@@ -1,0 +1,153 @@
+"""Projections of a run's progress and end: per-step metrics, and cancellation.
+
+Steps: the trainer emits a model's completions in seq order on one partition, so the store
+holds them in that order and the fold needs no reordering. A training `forward_backward`
+completion adds its `loss:sum` and token count to the run's open `run_steps` row (made by
+the first request of the step to complete); the `optim_step` completion closes the row
+with the optimizer's metrics. A completion whose future had already ended (a cancelled
+run's request that the trainer ran anyway) changes nothing. `forward_only` calls
+(`forward`) train nothing and count in no step.
+
+Timing comes from timestamps only: `first_request_at` is when the gateway took the step's
+first request, `started_at` when the trainer began it (reported in the completion's
+`details`), `completed_at` when its optim_step completed. Across machines these assume
+clocks that agree, as replay from the log does.
+
+Cancellation (`training.run.cancelled`): the run's row turns `cancelled`; every unfinished
+future of the run, and of each sampling session that samples its weights, ends CANCELLED
+with category `user` and a message that starts with "cancelled"; those sampling sessions
+are closed. Cancelling a cancelled run changes nothing. All of it is a fold of the events,
+so replay rebuilds it exactly.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Optional
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.engine import Connection
+
+from eventing.store import tables as t
+from eventing.store.projections import _future, handles, utc
+from openrl_core.events import Event
+from openrl_core.events import training as training_events
+from openrl_core.futures import FutureState, is_terminal
+
+OPEN = (FutureState.PENDING.value, FutureState.RUNNING.value)
+
+
+def _moment(value) -> Optional[datetime]:
+    if not isinstance(value, str):
+        return None
+    try:
+        return utc(datetime.fromisoformat(value))
+    except ValueError:
+        return None
+
+
+def _earliest(*moments: Optional[datetime]) -> Optional[datetime]:
+    known = [utc(m) for m in moments if m is not None]
+    return min(known) if known else None
+
+
+@handles(training_events.FORWARD_BACKWARD["completed"], training_events.OPTIM_STEP["completed"])
+def _step_progress(conn: Connection, event: Event) -> None:
+    request = conn.execute(
+        select(t.futures.c.state, t.futures.c.model_id, t.futures.c.created_at).where(
+            t.futures.c.request_id == event.data.request_id
+        )
+    ).first()
+    _future(conn, event)
+    if request is None or is_terminal(FutureState(request.state)):
+        return  # unknown, or already ended (a redelivery, or a cancelled run's late work)
+    details = event.data.details or {}
+    metrics = event.data.result.get("metrics") or {}
+    optim = event.verb == "optim_step"
+    if not optim and details.get("forward_only"):
+        return
+    step = _open_step(conn, event.tenant, request.model_id, utc(request.created_at), _moment(details.get("started")))
+    key = (t.run_steps.c.model_id == request.model_id) & (t.run_steps.c.step == step.step)
+    if optim:
+        values = dict(
+            completed_at=event.time,
+            learning_rate=_number(metrics.get("optim/lr")),
+            grad_norm=_number(metrics.get("optim/grad_norm")),
+            metrics=dict(metrics),
+        )
+    else:
+        loss = _number(metrics.get("loss:sum"))
+        values = dict(
+            loss=step.loss if loss is None else (step.loss or 0.0) + loss,
+            tokens=step.tokens + int(details.get("tokens") or 0),
+            forward_backward=step.forward_backward + 1,
+        )
+    conn.execute(update(t.run_steps).where(key).values(**values))
+
+
+def _number(value) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _open_step(conn: Connection, tenant: str, model_id: str, requested: datetime, started: Optional[datetime]):
+    """The run's step in progress (made now if none is), its first times moved earlier."""
+    row = conn.execute(
+        select(t.run_steps).where(t.run_steps.c.model_id == model_id, t.run_steps.c.completed_at.is_(None))
+    ).first()
+    if row is None:
+        last = conn.execute(select(func.max(t.run_steps.c.step)).where(t.run_steps.c.model_id == model_id)).scalar()
+        conn.execute(
+            insert(t.run_steps).values(
+                model_id=model_id, step=(last or 0) + 1, tenant=tenant, tokens=0, forward_backward=0,
+                first_request_at=requested, started_at=started,
+            )
+        )  # fmt: skip
+    else:
+        first = _earliest(row.first_request_at, requested)
+        begun = _earliest(row.started_at, started)
+        if first != utc(row.first_request_at) or begun != utc(row.started_at):
+            key = (t.run_steps.c.model_id == model_id) & (t.run_steps.c.step == row.step)
+            conn.execute(update(t.run_steps).where(key).values(first_request_at=first, started_at=begun))
+    return conn.execute(
+        select(t.run_steps).where(t.run_steps.c.model_id == model_id, t.run_steps.c.completed_at.is_(None))
+    ).first()
+
+
+def cancellation_message(data) -> str:
+    who = "an operator" if data.by == "operator" else "its owner"
+    reason = "" if data.reason in ("", "cancelled") else f": {data.reason}"
+    return f"cancelled: training run {data.model_id!r} was cancelled by {who}{reason}"
+
+
+@handles(training_events.RUN_CANCELLED)
+def _run_cancelled(conn: Connection, event: Event) -> None:
+    data = event.data
+    runs = t.training_runs
+    run = conn.execute(select(runs.c.state).where(runs.c.model_id == data.model_id, runs.c.tenant == event.tenant)).first()
+    if run is None or run.state == "cancelled":
+        return
+    conn.execute(
+        update(runs).where(runs.c.model_id == data.model_id).values(state="cancelled", cancelled_at=event.time, last_request_time=event.time)
+    )
+    message = cancellation_message(data)
+    _cancel_futures(conn, event, [data.model_id], message)
+    samplers = t.sampling_sessions
+    closing = [
+        row.sampling_session_id
+        for row in conn.execute(
+            select(samplers.c.sampling_session_id).where(
+                samplers.c.tenant == event.tenant, samplers.c.run_id == data.model_id, samplers.c.closed_at.is_(None)
+            )
+        )
+    ]
+    if closing:
+        conn.execute(update(samplers).where(samplers.c.sampling_session_id.in_(closing)).values(closed_at=event.time))
+        _cancel_futures(conn, event, closing, f"{message}; its sampling sessions were closed")
+
+
+def _cancel_futures(conn: Connection, event: Event, keys: list[str], message: str) -> None:
+    conn.execute(
+        update(t.futures)
+        .where(t.futures.c.tenant == event.tenant, t.futures.c.model_id.in_(keys), t.futures.c.state.in_(OPEN))
+        .values(state=FutureState.CANCELLED.value, error=message, category="user", completed_at=event.time)
+    )

@@ -1,0 +1,131 @@
+"""Reads of the projections for the OpenRL API (`/api/openrl/v1`, the `openrl runs` CLI).
+
+Like `queries.Projections`, every read is scoped to a tenant, except that the tenant may be
+None: the operator's view, every tenant at once. A run's status is derived here, in one
+place: `cancelled`, `failed` (its creation failed), `creating`, `frozen` (a copy made by
+copy_weights, never trained), `finished` (its session finished) or `active`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Optional
+
+from sqlalchemy import func, or_, select
+from sqlalchemy.engine import Engine, Row
+
+from eventing.store import tables as t
+
+
+def run_status(state: str, session_finished_at: Optional[datetime]) -> str:
+    if state == "ready":
+        return "finished" if session_finished_at is not None else "active"
+    return state  # cancelled, failed, creating, frozen
+
+
+def _mine(table, tenant: Optional[str]):
+    return table.c.tenant == tenant if tenant is not None else True
+
+
+class RunViews:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def _runs_query(self, tenant: Optional[str]):
+        steps = (
+            select(t.run_steps.c.model_id, func.count().label("steps"))
+            .where(t.run_steps.c.completed_at.is_not(None))
+            .group_by(t.run_steps.c.model_id)
+            .subquery()
+        )
+        return (
+            select(
+                t.training_runs,
+                func.coalesce(steps.c.steps, 0).label("steps"),
+                t.sessions.c.finished_at.label("session_finished_at"),
+            )
+            .outerjoin(steps, steps.c.model_id == t.training_runs.c.model_id)
+            .outerjoin(t.sessions, t.sessions.c.session_id == t.training_runs.c.session_id)
+            .where(_mine(t.training_runs, tenant))
+        )
+
+    def runs(self, tenant: Optional[str], limit: int, offset: int, status: Optional[str] = None) -> tuple[list[Row], int]:
+        """Newest first; `status` filters on the derived status."""
+        query = self._runs_query(tenant).order_by(t.training_runs.c.created_at.desc(), t.training_runs.c.model_id)
+        with self.engine.connect() as conn:
+            rows = [row for row in conn.execute(query) if status is None or self.status(row) == status]
+        return rows[offset : offset + limit], len(rows)
+
+    def run(self, tenant: Optional[str], run_id: str) -> Optional[Row]:
+        query = self._runs_query(tenant).where(t.training_runs.c.model_id == run_id)
+        with self.engine.connect() as conn:
+            return conn.execute(query).first()
+
+    @staticmethod
+    def status(row: Row) -> str:
+        return run_status(row.state, row.session_finished_at)
+
+    def steps(self, run_id: str, after: int = 0) -> list[Row]:
+        """The run's completed steps in order (the run was already checked to be the caller's)."""
+        query = (
+            select(t.run_steps)
+            .where(t.run_steps.c.model_id == run_id, t.run_steps.c.completed_at.is_not(None), t.run_steps.c.step > after)
+            .order_by(t.run_steps.c.step)
+        )
+        with self.engine.connect() as conn:
+            return list(conn.execute(query))
+
+    def open_futures(self, tenant: str, keys: list[str]) -> list[str]:
+        query = select(t.futures.c.request_id).where(
+            t.futures.c.tenant == tenant, t.futures.c.model_id.in_(keys), t.futures.c.state.in_(("pending", "running"))
+        )
+        with self.engine.connect() as conn:
+            return [row.request_id for row in conn.execute(query)]
+
+    def cancelled_futures(self, tenant: str, keys: list[str]) -> list[str]:
+        query = select(t.futures.c.request_id).where(
+            t.futures.c.tenant == tenant, t.futures.c.model_id.in_(keys), t.futures.c.state == "cancelled"
+        )
+        with self.engine.connect() as conn:
+            return [row.request_id for row in conn.execute(query)]
+
+    def sampling_sessions_of_run(self, tenant: str, run_id: str) -> list[Row]:
+        query = (
+            select(t.sampling_sessions)
+            .where(t.sampling_sessions.c.tenant == tenant, t.sampling_sessions.c.run_id == run_id)
+            .order_by(t.sampling_sessions.c.created_at, t.sampling_sessions.c.sampling_session_id)
+        )
+        with self.engine.connect() as conn:
+            return list(conn.execute(query))
+
+    def checkpoints(self, tenant: Optional[str], now: datetime, run_id: Optional[str] = None) -> list[Row]:
+        """Live checkpoints, newest first."""
+        query = select(t.checkpoints).where(
+            _mine(t.checkpoints, tenant), or_(t.checkpoints.c.expires_at.is_(None), t.checkpoints.c.expires_at > now)
+        )
+        if run_id is not None:
+            query = query.where(t.checkpoints.c.run_id == run_id)
+        query = query.order_by(t.checkpoints.c.created_at.desc(), t.checkpoints.c.run_id, t.checkpoints.c.checkpoint_id)
+        with self.engine.connect() as conn:
+            return list(conn.execute(query))
+
+    def sessions(self, tenant: Optional[str], limit: int, offset: int) -> tuple[list[Row], int, dict[str, int], dict[str, int]]:
+        """Sessions newest first, with how many training runs and sampling sessions each holds."""
+        query = select(t.sessions).where(_mine(t.sessions, tenant)).order_by(t.sessions.c.created_at.desc(), t.sessions.c.session_id)
+        with self.engine.connect() as conn:
+            total = int(conn.execute(select(func.count()).where(_mine(t.sessions, tenant))).scalar() or 0)
+            rows = list(conn.execute(query.limit(limit).offset(offset)))
+            ids = [row.session_id for row in rows]
+            runs = dict(
+                conn.execute(
+                    select(t.training_runs.c.session_id, func.count()).where(t.training_runs.c.session_id.in_(ids)).group_by(t.training_runs.c.session_id)
+                ).all()
+            )
+            samplers = dict(
+                conn.execute(
+                    select(t.sampling_sessions.c.session_id, func.count())
+                    .where(t.sampling_sessions.c.session_id.in_(ids))
+                    .group_by(t.sampling_sessions.c.session_id)
+                ).all()
+            )
+        return rows, total, runs, samplers
