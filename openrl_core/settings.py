@@ -15,6 +15,7 @@ from typing_extensions import Annotated
 from openrl_core.errors import InvalidRequest
 from openrl_core.ids import check_tenant_name, tenant_for_key
 from openrl_core.quantity import parse_bytes
+from openrl_core.quotas import Quotas, limits_for
 
 DEFAULT_API_KEY = "tml-openrl-local"
 
@@ -81,6 +82,27 @@ class Settings(BaseSettings):
     sampler_max_batch_rows: int = Field(64, ge=1, description="rows (prompts x samples) one sampler batch may hold")
     sampler_max_adapters: int = Field(16, ge=1, description="adapters a sampler keeps loaded per base model (LRU)")
     max_request_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="largest request body the gateway reads")
+    # -- per-tenant quotas (see openrl_core/quotas.py); over one a submission gets a 429 ----
+    quota_requests_in_flight: Optional[int] = Field(
+        None, ge=1, description="per tenant: submitted requests (futures) not yet finished; unset: no limit"
+    )
+    quota_queued_training_tokens: Optional[int] = Field(
+        None, ge=1, description="per tenant: tokens of submitted forward / forward_backward requests not yet finished; "
+        "unset: no limit",
+    )  # fmt: skip
+    quota_sampling_tokens_per_minute: Optional[int] = Field(
+        None, ge=1, description="per tenant: sampling tokens (prompt + max_tokens x num_samples) submitted in the last "
+        "60 s, a sliding window; unset: no limit",
+    )  # fmt: skip
+    quota_checkpoint_bytes: Optional[int] = Field(
+        None, ge=1, description="per tenant: bytes (or with a unit: 10GiB) its live checkpoints may hold; saves are refused "
+        "once it is reached; unset: no limit",
+    )  # fmt: skip
+    tenant_quotas: dict[str, dict[str, Optional[int | str]]] = Field(
+        default_factory=dict,
+        description="per-tenant overrides of the quota_* defaults (JSON), e.g. {\"alice\": {\"requests_in_flight\": "
+        "8, \"checkpoint_bytes\": \"1GiB\"}}; null lifts a limit for that tenant",
+    )
     checkpoint_reaper_seconds: float = Field(
         60.0, gt=0, description="how often expired checkpoints and the blobs only they used are removed"
     )
@@ -237,6 +259,28 @@ class Settings(BaseSettings):
     @classmethod
     def _parse_bytes(cls, value):
         return parse_bytes(value) if isinstance(value, str) else value
+
+    @field_validator("quota_checkpoint_bytes", mode="before")
+    @classmethod
+    def _parse_quota_bytes(cls, value):
+        return parse_bytes(value) if isinstance(value, str) else value
+
+    @field_validator("tenant_quotas")
+    @classmethod
+    def _check_tenant_quotas(cls, value: dict) -> dict:
+        for tenant in value:
+            limits_for(Quotas(), value, tenant)  # unknown limit names and bad values fail at start
+        return value
+
+    def quotas(self, tenant: str) -> tuple[Quotas, frozenset[str]]:
+        """The tenant's limits, and which come from its tenant_quotas entry."""
+        defaults = Quotas(
+            requests_in_flight=self.quota_requests_in_flight,
+            queued_training_tokens=self.quota_queued_training_tokens,
+            sampling_tokens_per_minute=self.quota_sampling_tokens_per_minute,
+            checkpoint_bytes=self.quota_checkpoint_bytes,
+        )
+        return limits_for(defaults, self.tenant_quotas, tenant)
 
     @field_validator("scheduler_default_job_memory")
     @classmethod
