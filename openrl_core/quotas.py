@@ -30,6 +30,8 @@ from typing import Literal, Optional, Sequence
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from openrl_core.errors import InvalidRequest, OpenRLError
+from openrl_core.events.sampling import SampleRequested
+from openrl_core.events.training import ForwardBackwardRequested
 from openrl_core.quantity import parse_bytes
 
 LimitName = Literal["requests_in_flight", "queued_training_tokens", "sampling_tokens_per_minute", "checkpoint_bytes"]
@@ -109,6 +111,18 @@ class Cost:
 def sampling_tokens(prompt_tokens: int, max_tokens: int, num_samples: int) -> int:
     """Prompt + every sample's generation budget: what the sampler may have to produce."""
     return prompt_tokens + max_tokens * num_samples
+
+
+def request_tokens(payload: object) -> Optional[int]:
+    """The tokens a request event is charged, from the event alone, so the projection that
+    records them (and a replay of it) needs nothing else. The gateway writes a sample's
+    max_tokens into its event explicitly (an older event without one counts its prompt)."""
+    if isinstance(payload, ForwardBackwardRequested):
+        return sum(math.prod(datum.tokens.shape) for datum in payload.data)
+    if isinstance(payload, SampleRequested):
+        budget = payload.sampling_params.max_tokens or 0
+        return sampling_tokens(len(payload.prompt_tokens), budget, payload.num_samples)
+    return None
 
 
 @dataclass(frozen=True)

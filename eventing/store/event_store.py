@@ -164,6 +164,11 @@ class EventStore:
             select(t.submissions.c.request_id).where(t.submissions.c.tenant == tenant, t.submissions.c.dedup_key == dedup.key)
         ).scalar()
 
+    def submitted(self, tenant: str, dedup: Dedup) -> bool:
+        """Whether a submission under this identity is already stored (with any body)."""
+        with self.engine.connect() as conn:
+            return conn.execute(_SUBMISSION, {"b_tenant": tenant, "b_key": dedup.key}).first() is not None
+
     def contains(self, event_id: str) -> bool:
         with self.engine.connect() as conn:
             return conn.execute(select(t.events.c.id).where(t.events.c.id == event_id)).first() is not None

@@ -24,6 +24,7 @@ from openrl_core.events.recovery import SNAPSHOT_TAKEN
 from openrl_core.events.lifecycle import CheckpointSaved, RequestCompleted, RequestFailed, SamplingSessionBound
 from openrl_core.futures import FutureState, Phase, evolve
 from openrl_core.ids import CHECKPOINT_TYPE, TinkerPath, session_of
+from openrl_core.quotas import request_tokens
 
 Handler = Callable[[Connection, Event], None]
 _HANDLERS: dict[str, Handler] = {}
@@ -127,6 +128,7 @@ def _future(conn: Connection, event: Event) -> Optional[FutureState]:
                 model_id=model_id,
                 state=evolve(None, phase).value,
                 created_at=event.time,
+                tokens=request_tokens(data),
             ),
         )
         return FutureState.PENDING

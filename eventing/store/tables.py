@@ -97,7 +97,14 @@ futures = Table(
     Column("category", String(16)),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("completed_at", DateTime(timezone=True)),
+    # What the request is charged against its tenant's token quotas (openrl_core.quotas):
+    # a forward_backward's datum tokens, a sample's prompt + max_tokens x num_samples.
+    Column("tokens", BigInteger),
     Index(None, "tenant", "session_id"),
+    # The quota reads: a tenant's unfinished futures (as many as its in-flight limit lets
+    # it have), and its futures of the last minute (the sampling window).
+    Index(None, "tenant", "state"),
+    Index(None, "tenant", "created_at"),
 )
 
 sessions = Table(

@@ -17,6 +17,7 @@ from eventing.bus import EventPublisher
 from eventing.store.event_store import Appended, Dedup, EventStore
 from eventing.store.queries import Projections
 from functions.compute.models import ModelDirectory
+from functions.gateway.quotas import Admission
 from functions.gateway.waiters import FutureWaiters
 from openrl_core.events import Event
 from openrl_core.settings import Settings
@@ -32,6 +33,7 @@ class GatewayContext:
     publisher: EventPublisher
     models: ModelDirectory
     waiters: FutureWaiters = field(default_factory=FutureWaiters)
+    admission: Admission = field(default_factory=Admission)  # per-tenant quota locks (functions/gateway/quotas.py)
     key_tenants: dict[str, str] = field(default_factory=dict)  # sha256(key) -> tenant
     operator_key_hash: Optional[str] = None  # sha256 of settings.operator_api_key
     # The store's wake-up channel (LISTEN/NOTIFY on PostgreSQL): reaches every gateway replica.

@@ -1,7 +1,8 @@
 """Every error leaves the gateway as `{"detail": "<what was wrong>"}` with a fitting status.
 
 Never an empty 400: the SDK takes an empty-bodied 400 for a proxy glitch and retries it.
-Validation errors become a 400 whose detail names each bad field in one sentence. Under
+Validation errors become a 400 whose detail names each bad field in one sentence. A quota
+refusal is a 429 with a `Retry-After` header. Under
 `/v1/` (the OpenAI-compatible routes) the same message goes out in OpenAI's error shape
 instead, because OpenAI clients read `error.message` and nothing else.
 """
@@ -20,6 +21,7 @@ from starlette.exceptions import HTTPException
 from functions.gateway import refusals
 from functions.gateway.openai_wire import error_body
 from openrl_core.errors import NotFound, OpenRLError
+from openrl_core.quotas import QuotaExceeded
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,12 @@ def install(app: FastAPI) -> None:
     async def _openrl(request: Request, exc: OpenRLError) -> JSONResponse:
         if exc.http_status >= 500:
             log.error("server error: %s", exc.detail)
+        if isinstance(exc, QuotaExceeded):
+            # Retry-After tells the SDK when to resend (it honours up to 60 s); OpenAI clients
+            # read the same header and this code.
+            response = respond(request, exc.http_status, exc.detail, "rate_limit_exceeded")
+            response.headers["Retry-After"] = str(exc.retry_after)
+            return response
         return respond(request, exc.http_status, exc.detail, getattr(exc, "openai_code", None))
 
     @app.exception_handler(NotFound)

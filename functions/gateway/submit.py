@@ -4,7 +4,9 @@ Sequenced (training) requests share one rule: a model's seq_id is used once. A r
 the same body gets the first future back; another body with that seq_id is a 409. A
 request the gateway refuses still consumes its seq_id (a `seq.skipped` event tells the
 trainer), because the SDK keeps sending later seq_ids and the model must not stall
-waiting for one that will never come.
+waiting for one that will never come. The one exception is a quota refusal (429): the SDK
+retries it with the same seq_id, so it stores nothing and consumes nothing (see
+`functions/gateway/quotas.py`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Callable, Optional
 
 from eventing import topics
 from eventing.store.event_store import Dedup
+from functions.gateway import quotas
 from functions.gateway.context import SOURCE, GatewayContext
 from openrl_core.errors import UserError
 from openrl_core.events import new_event
@@ -49,6 +52,7 @@ def submit_sequenced(
     request_id = new_request_id()
     try:
         payload = build(request_id)
+        quotas.check_fits_at_all(ctx, tenant, quotas.cost_of(payload))
     except UserError as refused:
         refuse(ctx, tenant, model_id, base_model, seq_id, dedup, refused.detail, stream)
         raise
@@ -67,11 +71,15 @@ def submit(
     dedup: Optional[Dedup],
     model_id: Optional[str] = None,
     sample_sequence_ids: Optional[list[str]] = None,
+    admit: bool = True,
 ) -> UntypedAPIFuture:
+    """`admit=False`: the caller already admitted this submission against the tenant's quotas
+    (a multi-prompt OpenAI request is admitted whole, then submitted prompt by prompt)."""
     request_id = payload.request_id  # type: ignore[attr-defined]
     event = new_event(event_type, payload, tenant=tenant, source=SOURCE, key=key, subject=request_id)
     # Work is routed by the weights it runs on: an alias goes where its target's workers are.
-    appended = ctx.emit(event, topics.topic(tenant, stream, ctx.models.canonical(base_model)), dedup)
+    with quotas.admitted(ctx, tenant, quotas.cost_of(payload) if admit else None, dedup):
+        appended = ctx.emit(event, topics.topic(tenant, stream, ctx.models.canonical(base_model)), dedup)
     if appended.duplicate_of is not None:
         request_id = appended.duplicate_of
         if sample_sequence_ids is not None:

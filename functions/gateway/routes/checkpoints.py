@@ -44,6 +44,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from eventing.blobs import BlobStore
 from eventing.store.event_store import Dedup
 from eventing.store.projections import utc
+from functions.gateway import quotas
 from functions.gateway.context import SOURCE, GatewayContext
 from functions.gateway.deps import get_ctx, get_tenant, read_body, require_session
 from functions.gateway.routes.rest_wire import (
@@ -73,6 +74,7 @@ from openrl_core.events.checkpoints import (
 from openrl_core.events.lifecycle import BlobRef, CheckpointSaved
 from openrl_core.ids import TinkerPath, model_id_for, new_request_id, new_uuid
 from openrl_core.params import LoraConfig
+from openrl_core.quotas import Cost
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/api/v1")
@@ -218,7 +220,9 @@ async def copy_weights(request: Request, ctx: GatewayContext = Depends(get_ctx),
         new_session_project_id=project_id,
     )
     event = new_event(CHECKPOINT_COPIED, payload, tenant=tenant, source=SOURCE, key=checkpoint.run_id, subject=checkpoint.tinker_path)
-    ctx.emit(event, dedup=dedup)
+    # A copy's bytes are known now: it must fit the tenant's storage quota whole.
+    with quotas.admitted(ctx, tenant, Cost(checkpoint_bytes=int(row.size_bytes)), dedup):
+        ctx.emit(event, dedup=dedup)
     return CopyWeightsResponse(tinker_path=checkpoint.tinker_path)
 
 

@@ -45,6 +45,7 @@ from starlette.concurrency import run_in_threadpool
 from eventing import topics
 from eventing.store.event_store import Dedup
 from functions.gateway import openai_wire as wire
+from functions.gateway import quotas
 from functions.gateway.context import SOURCE, GatewayContext
 from functions.gateway.deps import get_ctx, read_body, tenant_of_key
 from functions.gateway.openai_reply import Reply, stream
@@ -66,6 +67,7 @@ from openrl_core.events.sessions import SESSION_CREATED, SessionCreated
 from openrl_core.futures import FutureState, is_terminal
 from openrl_core.ids import new_request_id, sampling_session_id_for
 from openrl_core.params import SamplingParams
+from openrl_core.quotas import Cost, sampling_tokens
 
 router = APIRouter(prefix="/v1")
 
@@ -234,6 +236,15 @@ def fit_context(prompts: list[list[int]], max_tokens: Optional[int], max_context
 
 
 def submit_job(job: Job) -> None:
+    """Admitted whole against the tenant's quotas (every prompt's samples, before the sampling
+    session is made), so a refused request stores nothing and an admitted one is not cut."""
+    budget = job.params.max_tokens or 0
+    cost = sum((Cost(requests=1, sampling_tokens=sampling_tokens(len(p), budget, job.n)) for p in job.prompts), Cost())
+    with quotas.admitted(job.ctx, job.tenant, cost):
+        _submit_job(job)
+
+
+def _submit_job(job: Job) -> None:
     job.sampling_session_id = sampling_session(job.ctx, job.tenant, job.target)
     ids = []
     for prompt in job.prompts:
@@ -250,7 +261,7 @@ def submit_job(job: Job) -> None:
             sampling_params=job.params,
             sample_sequence_ids=[f"{request_id}:{i}" for i in range(job.n)],
         )
-        kwargs = dict(stream="sampling", base_model=job.target.base_model, key=job.sampling_session_id, dedup=None)
+        kwargs = dict(stream="sampling", base_model=job.target.base_model, key=job.sampling_session_id, dedup=None, admit=False)
         ids.append(submit(job.ctx, job.tenant, SAMPLE["requested"], payload, **kwargs).request_id)
     job.request_ids = tuple(ids)
 

@@ -19,6 +19,7 @@ from openrl_core.events.lifecycle import BlobRef
 from openrl_core.events.sampling import SAMPLE, SAMPLING_SESSION_CREATED, SampleRequested, SamplingSessionCreated
 from openrl_core.ids import new_request_id, sampling_session_id_for
 from openrl_core.losses import RECORD_STABILITY_INFO_REFUSAL
+from openrl_core.params import SamplingParams
 from openrl_core.wire.base import UntypedAPIFuture
 from openrl_core.wire.sampling import (
     CreateSamplingSessionRequest,
@@ -111,7 +112,7 @@ async def asample(request: Request, ctx: GatewayContext = Depends(get_ctx), tena
         weights=session.weights,
         prompt_tokens=prompt,
         num_samples=body.num_samples,
-        sampling_params=body.sampling_params,
+        sampling_params=_explicit_budget(body.sampling_params, len(prompt), files.max_context),
         prompt_logprobs=bool(body.prompt_logprobs),
         topk_prompt_logprobs=body.topk_prompt_logprobs,
         prompt_logprobs_last_n=body.prompt_logprobs_last_n,
@@ -133,6 +134,15 @@ async def asample(request: Request, ctx: GatewayContext = Depends(get_ctx), tena
     # samples it knew when it began; this wakes it to watch the new one too.
     ctx.announce([submitted_key(session.sampling_session_id)])
     return future
+
+
+def _explicit_budget(params: SamplingParams, prompt_tokens: int, max_context: int) -> SamplingParams:
+    """No max_tokens means "up to the model's context" (the samplers' own default): written
+    into the event as a number, so the event says what the sample is charged against the
+    tenant's sampling quota, and the projection can count it without knowing the model."""
+    if params.max_tokens is not None:
+        return params
+    return params.model_copy(update={"max_tokens": max_context - prompt_tokens})
 
 
 def _prompt_tokens(body: SampleRequest) -> list[int]:
