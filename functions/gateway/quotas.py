@@ -18,6 +18,7 @@ across replicas would need a store-side lock on every submission, which this tra
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import defaultdict
 from contextlib import contextmanager
@@ -33,7 +34,9 @@ from openrl_core.events.training import (
     SaveWeightsForSamplerRequested,
     SaveWeightsRequested,
 )
-from openrl_core.quotas import Cost, Usage, check, request_tokens
+from openrl_core.quotas import Cost, QuotaExceeded, Usage, check, request_tokens
+
+log = logging.getLogger(__name__)
 
 
 class Admission:
@@ -80,5 +83,10 @@ def admitted(ctx, tenant: str, cost: Optional[Cost], dedup: Optional[Dedup] = No
     with ctx.admission.lock(tenant):
         now = datetime.now(timezone.utc)
         usage = tenant_usage(ctx.store.engine, tenant, limits, now)
-        check(limits, usage, cost, now.timestamp(), tenant=tenant, overridden=overridden)
+        try:
+            check(limits, usage, cost, now.timestamp(), tenant=tenant, overridden=overridden)
+        except QuotaExceeded as refused:
+            # The operator's view of who is being held back, and by which limit.
+            log.info("quota: tenant %s refused (429, %s, retry after %d s)", tenant, refused.limit, refused.retry_after)
+            raise
         yield
