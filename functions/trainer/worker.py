@@ -2,6 +2,9 @@
 
 Three verbs per loop: poll the log, order each model's requests through its `SeqGate`,
 execute what is ready on the accelerator and emit one completion (or failure) per request.
+Ready work runs one model per turn, round-robin across tenants (`openrl_core.fairness`), and
+requests that arrive between turns join the queue, so one tenant's many models do not make
+another tenant's one model wait for all of them.
 A model's state (LoRA adapter on the shared base, or a full run's own weights; gradients;
 optimizer) lives in an engine; the worker keeps its gate. A request that fails answers its
 own future with `{error, category}` and never fails its neighbours. Offsets are committed
@@ -49,12 +52,15 @@ from openrl_core.events import training as te
 from openrl_core.events.base import event_type
 from openrl_core.events.lifecycle import CheckpointSaved, RequestCompleted, RequestFailed, SamplingSessionBound
 from openrl_core.events.recovery import SNAPSHOT_TAKEN
+from openrl_core.fairness import FairQueue
 from openrl_core.seqgate import SeqGate
 from openrl_core.tensors import Array
 
 log = logging.getLogger(__name__)
 SOURCE = "/openrl/trainer"
 KINDS = ("lora", "full")
+# While a loop keeps taking in requests that arrive during its turns, it commits this often.
+ABSORB_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -114,6 +120,7 @@ class TrainerWorker:
         self._state = threading.Lock()  # compute, parking and restoring of any model
         self.packer = Packer(self, options.pack_linger if options.pack else 0.0, enabled=options.pack)
         self._ready: dict[str, list] = {}
+        self._fair: FairQueue = FairQueue()  # this loop's turns not yet run
         self._handlers: dict[str, Callable[[Event], dict]] = {
             te.FORWARD_BACKWARD["requested"]: self._forward_backward,
             te.OPTIM_STEP["requested"]: self._optim_step,
@@ -156,18 +163,19 @@ class TrainerWorker:
         ready, self._ready = self._ready, {}
         for base, members in self.packer.take(ready).items():
             self.packer.run(base, members)
-        for items in ready.values():
-            if items:
-                self._run_ready(items)
+        self._run_fairly(ready)
+        self._settle(bool(records))
+        return len(records)
+
+    def _settle(self, polled: bool) -> None:
         settled = self.recovery.settle(self.slots)
         for tenant, snapshot in settled:
             event = new_event(SNAPSHOT_TAKEN, snapshot, tenant=tenant, source=SOURCE, key=snapshot.model_id)
             self.publisher.publish(topics.topic(tenant, "completions"), event)
-        if records or settled:
-            # Never past a record a gate still holds, nor past what a model's latest durable
-            # snapshot lacks: a replacement trainer must see those again.
+        if polled or settled:
+            # Never past a record a gate still holds or a turn has not run yet, nor past what a
+            # model's latest durable snapshot lacks: a replacement trainer must see those again.
             self.consumer.commit(self.offsets.committable(self.recovery.anchors(self.slots)))
-        return len(records)
 
     def _receive(self, record: Record) -> None:
         try:
@@ -209,6 +217,42 @@ class TrainerWorker:
         if not offer.ready:
             self.offsets.hold(record)
         self._queue(model_id, offer.ready)
+
+    def _run_fairly(self, ready: dict[str, list]) -> None:
+        """Each model's ready requests in a turn of its own, round-robin across tenants, then
+        models (`openrl_core.fairness`). Between turns, while others still wait, what arrived
+        meanwhile joins the queue: a light tenant's request waits for about one turn of each
+        other tenant, not for every model a heavy tenant has queued. Under a steady flood the
+        queue may never empty, so offsets are committed (and snapshots settled) every
+        ABSORB_SECONDS on the way; a queued request's record is held until its turn runs, so
+        no commit passes it."""
+        fair = self._fair = FairQueue()
+
+        def enqueue(batch: dict[str, list]) -> None:
+            for model_id, items in batch.items():
+                if items:
+                    for _seq, (record, _event) in items:
+                        self.offsets.hold(record)  # released as its turn runs (or is dropped)
+                    fair.add(items[0][1][1].tenant, model_id, items)
+
+        enqueue(ready)
+        deadline = time.monotonic() + ABSORB_SECONDS
+        while (turn := fair.pop()) is not None:
+            _tenant, model_id, items = turn
+            if model_id in self.slots:
+                self._run_ready(items)
+            else:  # taken over or cancelled since it was queued: its requests are answered elsewhere
+                for _seq, (record, _event) in items:
+                    self.offsets.release(record.topic, record.partition, record.offset)
+            if len(fair):
+                for record in self.consumer.poll(max_records=64, timeout=0):
+                    self.offsets.polled(record)
+                    self._receive(record)
+                arrived, self._ready = self._ready, {}
+                enqueue(arrived)
+                if time.monotonic() >= deadline:
+                    self._settle(True)
+                    deadline = time.monotonic() + ABSORB_SECONDS
 
     def _queue(self, model_id: str, ready: list) -> None:
         if ready:
@@ -365,7 +409,8 @@ class TrainerWorker:
         timeslicer job). Its futures were already failed by the cancellation's projection."""
         self._cancelled.add(model_id)
         slot = self.slots.get(model_id)
-        waiting = (slot.gate.discard() if slot is not None else []) + [item for _seq, item in self._ready.pop(model_id, [])]
+        queued = self._ready.pop(model_id, []) + self._fair.discard(model_id)
+        waiting = (slot.gate.discard() if slot is not None else []) + [item for _seq, item in queued]
         for record, _event in waiting:
             self.offsets.release(record.topic, record.partition, record.offset)
         with self._state:
