@@ -34,7 +34,9 @@ Invariants:
   copy). When a job of a group releases, the device waits up to `affinity_seconds` for the
   group's next request (an RL step is several requests: forward_backward, optim_step,
   save, sample), and serves the group's waiters first, for at most `quantum_seconds` in a
-  row and never past a waiter older than `aging_seconds`. Interleaving runs request by
+  row and never past a waiter older than `aging_seconds`. It does not wait when every owner
+  of the group's jobs has asked for another job's turn since the release (they have moved
+  on: nobody is left to send the group's next request). Interleaving runs request by
   request would keep them in lockstep (all of them grading while the device idles); letting
   one run finish its step staggers them, so one grades while another trains.
 """
@@ -156,7 +158,7 @@ class Device:
     next_up: Optional[Waiter] = None  # chosen, waiting for parks before its grant
     busy_seconds: float = 0.0  # sum of lease hold times
     switches: int = 0  # grants to a job other than the previous holder's
-    affinity: Optional[tuple[str, float]] = None  # (group, until): held for that group's next request
+    affinity: Optional[tuple[str, float, float]] = None  # (group, until, released at): held for its next request
     streak: Optional[tuple[str, float]] = None  # (group, since): the group being served in a row
 
 
@@ -366,7 +368,7 @@ class Timeslicer:
         job = self.jobs.get(lease.job)
         if job is not None and job.owner == lease.owner:
             if reason == "released" and job.group is not None and self.affinity_seconds > 0:
-                device.affinity = (job.group, now + self.affinity_seconds)
+                device.affinity = (job.group, now + self.affinity_seconds, now)
         return [LeaseEnded(lease.owner, lease.job, device.name, lease.lease_id, held, reason)]
 
     def _drop(self, state: Job, reason: str, now: float) -> list[Effect]:
@@ -409,13 +411,13 @@ class Timeslicer:
         if not order:
             return []
         if device.affinity is not None and device.next_up is None:
-            group, until = device.affinity
+            group, until, released = device.affinity
             in_quantum = device.streak is None or device.streak[0] != group or now - device.streak[1] < self.quantum_seconds
             aged = any(now - w.since >= self.aging_seconds for w in order)
             same = [w for w in order if self.jobs[w.job].group == group]
             if in_quantum and not aged and same:
                 order = same + [w for w in order if w not in same]
-            elif in_quantum and not aged and now < until:
+            elif in_quantum and not aged and now < until and not self._moved_on(group, released, order):
                 return []  # the group's next request is on its way: the device waits for it
             else:
                 device.affinity = None
@@ -433,6 +435,16 @@ class Timeslicer:
             if self._fits(device, waiter):
                 return self._grant(device, waiter, now)
         return []
+
+    def _moved_on(self, group: str, released: float, order: list[Waiter]) -> bool:
+        """Whether no one is left to send the group's next request soon: every owner of the
+        group's jobs has, since the release, asked for a turn of another job. A worker takes
+        one turn at a time, so one that asks for another run's turn has moved on, and waiting
+        for the released run would only idle the device (a trainer serving many LoRA runs in
+        turn would idle at every switch). A run's other owner (its sampler) keeps the wait."""
+        owners = {job.owner for job in self.jobs.values() if job.group == group}
+        asked = {waiter.owner for waiter in order if waiter.since >= released}
+        return bool(owners) and owners <= asked
 
     def _grant(self, device: Device, waiter: Waiter, now: float) -> list[Effect]:
         job = self.jobs[waiter.job]

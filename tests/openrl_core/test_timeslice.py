@@ -278,6 +278,24 @@ def test_affinity_keeps_a_runs_next_request_ahead_and_waits_briefly_for_it():
     assert [g.job for g in grants(ts.tick(1.95))] == ["t/model/run-b"]
 
 
+def test_affinity_does_not_wait_for_a_run_whose_only_owner_has_moved_on_to_another():
+    ts = slicer(policy=Policy.FIFO, affinity_seconds=0.5, quantum_seconds=10)
+    for run in ("a", "b"):
+        ts.register("trainer", f"t/model/run-{run}", "cpu:0", 1, True, True, 0, group=f"run-{run}")
+    first = grants(ts.acquire("trainer", "t/model/run-a", "r1", 0))[0]
+    assert grants(ts.release("trainer", first.lease_id, 1.0)) == []
+    # The trainer (run-a's only owner) now asks for run-b: it has moved on, nobody else can
+    # send run-a's next request, so run-b is served at once instead of after the window.
+    [second] = grants(ts.acquire("trainer", "t/model/run-b", "r2", 1.01))
+    assert second.job == "t/model/run-b"
+    # With a sampler job in run-b's group, run-b's next request may still come from it: the
+    # device waits for the window even though the trainer has moved on to run-a.
+    ts.register("sampler", "s/run/run-b", "cpu:0", 1, True, True, 1.1, group="run-b")
+    assert grants(ts.release("trainer", second.lease_id, 1.5)) == []
+    assert grants(ts.acquire("trainer", "t/model/run-a", "r3", 1.51)) == []
+    assert [g.job for g in grants(ts.tick(2.05))] == ["t/model/run-a"]
+
+
 def test_affinity_ends_with_the_quantum_and_never_passes_an_aged_waiter():
     ts = slicer(policy=Policy.FIFO, affinity_seconds=1.0, quantum_seconds=3, aging_seconds=5)
     ts.register("w", "a", "cpu:0", 1, True, True, 0, group="A")
