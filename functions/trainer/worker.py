@@ -35,6 +35,7 @@ from eventing.blobs import BlobStore
 from eventing.bus import EventBus, EventPublisher, Record
 from eventing.offsets import OffsetTracker
 from eventing.store.projections import expiry
+from functions.compute import host_memory
 from functions.compute.models import ModelDirectory
 from functions.compute.weight_sync import MANIFEST
 from functions.timeslicer.client import Fenced, TimeslicerClient
@@ -71,6 +72,7 @@ class TrainerOptions:
     pack_max_tokens: int = 8192  # padded tokens in one pass (see openrl_core.packing)
     pack_max_rows: int = 256
     pack_max_shared_bytes: int = 1 << 30  # estimated activations of a pass several models share
+    release_memory: bool = True  # give the pass's freed activations back to the system (`host_memory`)
 
 
 class TrainerWorker:
@@ -159,6 +161,8 @@ class TrainerWorker:
         for items in ready.values():
             if items:
                 self._run_ready(items)
+        if ready and self.options.release_memory:
+            host_memory.release()
         settled = self.recovery.settle(self.slots)
         for tenant, snapshot in settled:
             event = new_event(SNAPSHOT_TAKEN, snapshot, tenant=tenant, source=SOURCE, key=snapshot.model_id)
