@@ -147,6 +147,32 @@ class Projections:
         with self.engine.connect() as conn:
             return list(conn.execute(query))
 
+    def checkpoint_blobs(self, tenant: str) -> set[str]:
+        """Hashes of every checkpoint record's files (expired or not: the reaper removes those)."""
+        digests: set[str] = set()
+        with self.engine.connect() as conn:
+            for (files,) in conn.execute(select(t.checkpoints.c.files).where(t.checkpoints.c.tenant == tenant)):
+                digests.update(ref["sha256"] for ref in (files or {}).values())
+        return digests
+
+    def sampler_versions(self, tenant: str) -> list[Row]:
+        """Every sampling session of a tenant with its weights and whether its client session
+        finished (`session_finished_at`): what the blob collector's retention rules read."""
+        sessions, samplers = t.sessions, t.sampling_sessions
+        query = (
+            select(samplers, sessions.c.finished_at.label("session_finished_at"))
+            .select_from(samplers.outerjoin(sessions, sessions.c.session_id == samplers.c.session_id))
+            .where(samplers.c.tenant == tenant)
+        )
+        with self.engine.connect() as conn:
+            return list(conn.execute(query))
+
+    def event_claims(self, tenant: str) -> set[str]:
+        """Hashes of the payloads stored events hold by reference (claim checks)."""
+        query = select(t.events.c.claim_sha256).where(t.events.c.tenant == tenant, t.events.c.claim_sha256.is_not(None)).distinct()
+        with self.engine.connect() as conn:
+            return {digest for (digest,) in conn.execute(query)}
+
     def referenced_blobs(self, tenant: str) -> set[str]:
         """Hashes that a checkpoint record (expired or not) or a sampling session points at.
 
