@@ -14,6 +14,7 @@ from sqlalchemy.engine import Engine, Row
 
 from eventing.store import tables as t
 from eventing.store.projections import utc
+from openrl_core.retention import SamplerVersion, live_sampler_versions
 
 
 def _live(now: datetime):
@@ -166,6 +167,23 @@ class Projections:
         )
         with self.engine.connect() as conn:
             return list(conn.execute(query))
+
+    def live_samplers(self, tenant: str, keep_per_run: int) -> list[Row]:
+        """The sampling sessions whose weights stay (`openrl_core.retention.live_sampler_versions`)."""
+        rows = self.sampler_versions(tenant)
+        versions = [
+            SamplerVersion(
+                sampling_session_id=row.sampling_session_id,
+                run_id=row.run_id,
+                created_at=row.created_at,
+                from_checkpoint=row.model_path is not None,
+                session_finished=row.session_finished_at is not None,
+                closed=row.closed_at is not None,
+            )
+            for row in rows
+        ]
+        live = live_sampler_versions(versions, keep_per_run)
+        return [row for row in rows if row.sampling_session_id in live]
 
     def event_claims(self, tenant: str) -> set[str]:
         """Hashes of the payloads stored events hold by reference (claim checks)."""

@@ -28,10 +28,8 @@ from typing import Callable, Optional, Sequence
 
 from eventing.blobs import BlobStore
 from eventing.store.queries import Projections
-from functions.compute.weight_sync import read_manifest
-from openrl_core.errors import OpenRLError
-from openrl_core.events.lifecycle import BlobRef
-from openrl_core.retention import SamplerVersion, StoredBlob, collectable, live_sampler_versions
+from functions.compute.weight_sync import session_files
+from openrl_core.retention import StoredBlob, collectable
 
 log = logging.getLogger(__name__)
 
@@ -84,35 +82,9 @@ class BlobCollector:
         digests = self.projections.checkpoint_blobs(tenant) | self.projections.event_claims(tenant)
         for source in self.pinned:
             digests |= source(tenant)
-        rows = self.projections.sampler_versions(tenant)
-        versions = [
-            SamplerVersion(
-                sampling_session_id=row.sampling_session_id,
-                run_id=row.run_id,
-                created_at=row.created_at,
-                from_checkpoint=row.model_path is not None,
-                session_finished=row.session_finished_at is not None,
-                closed=row.closed_at is not None,
-            )
-            for row in rows
-        ]
-        live = live_sampler_versions(versions, self.keep_sampler_versions)
-        for row in rows:
-            if row.sampling_session_id not in live:
-                continue
-            digests.update(ref["sha256"] for ref in (row.adapter or {}).values())
-            if row.weights is not None:
-                digests |= self._chain(tenant, BlobRef.model_validate(row.weights))
+        for row in self.projections.live_samplers(tenant, self.keep_sampler_versions):
+            digests |= session_files(lambda ref: self.blobs.get(tenant, ref), row.adapter, row.weights)
         return digests
-
-    def _chain(self, tenant: str, manifest: BlobRef) -> set[str]:
-        """A full run's published version: its manifest and the files of its chain."""
-        digests = {manifest.sha256}
-        try:
-            chain = read_manifest(self.blobs.get(tenant, manifest))["chain"]
-        except OpenRLError:  # already gone, or unreadable: nothing more to keep for it
-            return digests
-        return digests | {link.file.sha256 for link in chain}
 
 
 class CollectorLoop:

@@ -6,7 +6,8 @@ download short. A live `openrl serve` on the tiny model, driven by the real tink
   after step 10 (the run's newest sampler versions and its latest snapshot), the whole data
   directory grows only by the log's small events, and the server's RSS grows by less than a
   bound (the sampler keeps a run's newest versions loaded, not every one);
-- sampling from a superseded, collected version answers a clear error, the newest samples;
+- sampling from a superseded, collected version answers a clear error, the newest samples,
+  and so does a named checkpoint saved at step 3; the latest snapshot's files are all there;
 - a checkpoint deleted (its blobs unlinked) while its archive, or a signed download link,
   is being read still gives the complete bytes.
 """
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
+import sqlite3
 import tarfile
 import time
 from pathlib import Path
@@ -87,6 +90,8 @@ def test_many_steps_leave_storage_and_memory_bounded(server, service):
         training.optim_step(types.AdamParams(learning_rate=1e-3)).result()
         samplers.append(training.save_weights_and_get_sampling_client().result())
         assert samplers[-1].sample(prompt=prompt, num_samples=1, sampling_params=params).result().sequences
+        if step == 3:
+            named = training.save_weights_for_sampler("kept").result().path
         if step in (10, STEPS):
             sizes[step] = settled(server)
     adapter_bytes = 4 * 4 * (151936 + 64)  # the biggest file of one version: rank 4 on the unembedding
@@ -99,6 +104,15 @@ def test_many_steps_leave_storage_and_memory_bounded(server, service):
     # The sampler holds the run's 2 newest versions loaded, not its LRU's 16 (2.4 MB each at rank 4).
     assert last["rss"] - first["rss"] < 24 << 20, sizes
 
+    # What recovery reads stays: every file of the run's latest snapshot.
+    pointers = list((server.data_dir / "snapshots" / "alice").glob("*.json"))
+    assert len(pointers) == 1
+    files = json.loads(pointers[0].read_text())["files"]
+    assert files and all((server.data_dir / "blobs" / "alice" / r["sha256"][:2] / r["sha256"]).is_file() for r in files.values())
+    # A named checkpoint keeps its weights, however many versions came after it.
+    kept = service.create_sampling_client(model_path=named)
+    kept = kept.result() if hasattr(kept, "result") else kept
+    assert kept.sample(prompt=prompt, num_samples=1, sampling_params=params).result().sequences
     with pytest.raises(Exception, match="superseded"):
         samplers[0].sample(prompt=prompt, num_samples=1, sampling_params=params).result()
     assert samplers[-1].sample(prompt=prompt, num_samples=1, sampling_params=params).result().sequences
@@ -151,3 +165,30 @@ def test_a_checkpoint_deleted_mid_signed_download_still_streams_whole(server, se
     body = b"".join(received)
     assert len(body) > 15 << 20 and hashlib.sha256(body).hexdigest() == digest
     assert httpx.get(url).status_code == 410
+
+
+def test_deleting_a_full_runs_checkpoint_keeps_the_chain_a_live_session_needs(server, service):
+    """A full run's sampler checkpoint (version 1, a full file) and the ephemeral version after
+    it (a delta on it) share the chain's first file; deleting the checkpoint must not free it."""
+    training = service.create_lora_training_client(base_model=MODEL, user_metadata={"openrl.full_finetune": "true"}).result()
+    tokens = list(range(300, 311))
+    datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": tokens[1:]})
+    training.forward_backward([datum], "cross_entropy").result()
+    training.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+    path = training.save_weights_for_sampler("v1").result().path
+    training.forward_backward([datum], "cross_entropy").result()
+    # A tiny step changes few bfloat16 values, so the next version is published as a delta.
+    training.optim_step(types.AdamParams(learning_rate=1e-7)).result()
+    sampler = training.save_weights_and_get_sampling_client().result()
+    with sqlite3.connect(server.data_dir / "events.db") as db:
+        (weights,) = db.execute(
+            "SELECT weights FROM sampling_sessions WHERE sampling_session_id = ?", (sampler._sampling_session_id,)
+        ).fetchone()
+    digest = json.loads(weights)["sha256"]
+    chain = json.loads((server.data_dir / "blobs" / "alice" / digest[:2] / digest).read_bytes())["chain"]
+    assert [link["kind"] for link in chain] == ["full", "delta"]  # the full file is the checkpoint's too
+    run_id, checkpoint_id = path.removeprefix("tinker://").split("/", 1)
+    deleted = httpx.delete(f"{server.url}/api/v1/training_runs/{run_id}/checkpoints/{checkpoint_id}", headers={"X-API-Key": KEY})
+    assert deleted.status_code == 204
+    params = types.SamplingParams(max_tokens=2, temperature=0.0)
+    assert sampler.sample(prompt=types.ModelInput.from_ints(tokens[:4]), num_samples=1, sampling_params=params).result().sequences
