@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from functions.gateway import refusals
+from functions.gateway import openai_wire
 from functions.gateway.openai_wire import error_body
 from openrl_core.errors import NotFound, OpenRLError
 
@@ -32,7 +33,7 @@ def describe_validation(errors) -> str:
     return "invalid request: " + "; ".join(parts)
 
 
-OPENAI_PREFIX = "/v1/"
+OPENAI_PREFIX = openai_wire.PREFIX
 
 
 def respond(request: Request, status: int, detail: str, openai_code: Optional[str] = None) -> JSONResponse:

@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from openrl_core.errors import NotFound
 
+PREFIX = "/v1/"  # under it, errors leave in OpenAI's shape and keys come as Bearer
+
 # OpenAI's own limits for these arguments.
 MAX_COMPLETION_LOGPROBS = 5
 MAX_CHAT_TOP_LOGPROBS = 20
