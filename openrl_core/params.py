@@ -59,7 +59,8 @@ class SamplingParams(ValueObject):
     # (as vLLM does); [] is the one way to ask for no stop at all, not even EOS.
     stop: StopSpec = None
     temperature: float = Field(1.0, ge=0.0)
-    top_k: int = -1
+    # -1 or a positive count (the validator below); stated in the JSON Schema as well.
+    top_k: int = Field(-1, json_schema_extra={"anyOf": [{"const": -1}, {"minimum": 1}]})
     top_p: float = Field(1.0, gt=0.0, le=1.0)
 
     @field_validator("top_k")

@@ -18,7 +18,7 @@ from typing import Optional
 
 from fastapi import FastAPI
 
-from functions.gateway import errors
+from functions.gateway import errors, openapi
 from functions.gateway.body_limit import BodyLimit
 from functions.gateway.context import GatewayContext
 from functions.gateway.routes import client, futures, models, sampling, sessions, training
@@ -49,6 +49,7 @@ def create_app(ctx: GatewayContext) -> FastAPI:
     for module in (openrl_runs, openrl_store):  # OpenRL's own API, /api/openrl/v1 (the `openrl runs` CLI)
         app.include_router(module.router)
     app.include_router(unsupported.router)  # Tinker endpoints a self-hosted server refuses, with reasons
+    openapi.install(app)  # /openapi.json: every route's real bodies and statuses
     return app
 
 

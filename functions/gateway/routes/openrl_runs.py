@@ -45,6 +45,7 @@ PREFIX = "/api/openrl/v1"
 router = APIRouter(prefix=PREFIX)
 STATUSES = ("active", "finished", "creating", "cancelled", "failed", "frozen")
 MAX_LIMIT = 1000
+MAX_OFFSET = 2**31 - 1  # larger ones overflow the databases' 64-bit integers
 
 
 def views(ctx: GatewayContext) -> RunViews:
@@ -104,8 +105,8 @@ def step_json(row) -> dict[str, Any]:
 def check_limits(limit: int, offset: int) -> None:
     if not 1 <= limit <= MAX_LIMIT:
         raise InvalidRequest(f"limit must be between 1 and {MAX_LIMIT}, got {limit}")
-    if offset < 0:
-        raise InvalidRequest(f"offset must be 0 or more, got {offset}")
+    if not 0 <= offset <= MAX_OFFSET:
+        raise InvalidRequest(f"offset must be between 0 and {MAX_OFFSET}, got {offset}")
 
 
 @router.get("/runs")
