@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast demo bench serve models clean compat
+.PHONY: install test test-fast demo bench serve models clean compat fuzz
 
 install: $(STAMP)
 
@@ -35,6 +35,14 @@ test-fast: install
 
 demo: install
 	scripts/demo
+
+# The API fuzz run of `make test`, long: schemathesis with 200 cases per operation and its
+# stateful phase, 300 random protobuf bodies and every truncation of a real one
+# (tests/functions/gateway/test_api_fuzz.py). FUZZ_SEED picks another draw.
+FUZZ_EXAMPLES ?= 200
+FUZZ_SEED ?= 1
+fuzz: install
+	OPENRL_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) OPENRL_FUZZ_SEED=$(FUZZ_SEED) $(PY) -m pytest -q -s -p no:cacheprovider tests/functions/gateway/test_api_fuzz.py
 
 bench: install
 	$(PY) bench/fwdbwd_roundtrip.py

@@ -19,7 +19,14 @@ class ValueObject(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+# LoraConfig's validator as JSON Schema (for the gateway's OpenAPI description): not every
+# train_* flag false.
+TRAIN_FLAGS = ("train_unembed", "train_mlp", "train_attn")
+NOTHING_TRAINS = {"required": list(TRAIN_FLAGS), "properties": {name: {"const": False} for name in TRAIN_FLAGS}}
+
+
 class LoraConfig(ValueObject):
+    model_config = ConfigDict(frozen=True, extra="forbid", json_schema_extra={"not": NOTHING_TRAINS})
     rank: int = Field(32, ge=1, le=MAX_LORA_RANK, description="LoRA rank")
     seed: Optional[int] = Field(None, description="seed of the adapter's initialisation")
     train_unembed: bool = True

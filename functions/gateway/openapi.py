@@ -86,6 +86,8 @@ def describe(app: FastAPI) -> dict[str, Any]:
     components = spec.setdefault("components", {}).setdefault("schemas", {})
     components.update(ERROR_SCHEMAS)
     spec["components"]["securitySchemes"] = SECURITY_SCHEMES
+    # The models this server serves: a base_model outside them is a 400, so it is an enum here.
+    models = sorted(app.state.ctx.models.catalog.names())
     for name in ("HTTPValidationError", "ValidationError"):
         components.pop(name, None)
     for path, item in spec["paths"].items():
@@ -95,7 +97,7 @@ def describe(app: FastAPI) -> dict[str, Any]:
             doc = ROUTES.get((method.upper(), path))
             if doc is None:
                 raise DescriptionError(f"{method.upper()} {path} has no entry in openapi_routes.ROUTES")
-            _document(operation, doc, components)
+            _document(operation, doc, components, models)
     return spec
 
 
@@ -116,10 +118,10 @@ def _fastapi_description(app: FastAPI) -> dict[str, Any]:
     return get_openapi(title=app.title, version=app.version, routes=app.routes, description=__doc__.split("\n\n")[0])
 
 
-def _document(operation: dict, doc: Doc, components: dict) -> None:
+def _document(operation: dict, doc: Doc, components: dict, models: list[str]) -> None:
     operation["security"] = ([{"Bearer": []}, {"ApiKey": []}] if doc.openai else [{"ApiKey": []}]) if doc.authenticated else []
     _parameters(operation, doc)
-    _request_body(operation, doc, components)
+    _request_body(operation, doc, components, models)
     _responses(operation, doc, components)
 
 
@@ -146,7 +148,7 @@ def _model_schema(model: type[BaseModel], components: dict) -> dict:
     return schema
 
 
-def _request_body(operation: dict, doc: Doc, components: dict) -> None:
+def _request_body(operation: dict, doc: Doc, components: dict, models: list[str]) -> None:
     content: dict[str, Any] = {}
     if doc.body is not None:
         content["application/json"] = {"schema": _model_schema(doc.body, components)}
@@ -158,7 +160,7 @@ def _request_body(operation: dict, doc: Doc, components: dict) -> None:
         schema = content["application/json"]["schema"]
         if "$ref" in schema:  # patch a copy: the component may serve other routes unchanged
             schema = copy.deepcopy(components[schema["$ref"].rsplit("/", 1)[1]])
-        doc.body_patch(schema)
+        doc.body_patch(schema, models)
         content["application/json"]["schema"] = schema
     if doc.protobuf_body:
         content[PROTOBUF] = {"schema": {"type": "string", "format": "binary"}}

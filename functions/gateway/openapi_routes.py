@@ -22,6 +22,7 @@ from functions.gateway import jsonbodies
 from functions.gateway import openai_wire as oai
 from functions.gateway.routes import rest_wire
 from functions.gateway.routes.openrl_runs import MAX_LIMIT, STATUSES, PREFIX as OPENRL
+from openrl_core.finetune import FULL_FINETUNE_KEY
 from openrl_core.ids import CHECKPOINT_KINDS
 from openrl_core.wire import base, futures, sampling, training
 
@@ -47,21 +48,40 @@ def only(value: Any, kind: str) -> dict:
     return {"anyOf": [{"type": kind, "const": value} if kind != "object" else {"type": "object", "maxProperties": 0}, {"type": "null"}]}
 
 
-def _asample(schema: dict) -> None:
+def _create_model(schema: dict, models: list[str]) -> None:
+    """A LoRA run needs its lora_config; a full fine-tuning run (user_metadata flag "true")
+    takes none, or one that leaves every weight trained. (A server whose settings make some
+    base models full fine-tuning by default takes no lora_config flags for them; not stated.)"""
+    props = schema["properties"]
+    props["base_model"] = {"type": "string", "enum": models}
+    flag = {"type": "string", "enum": ["true", "false"]}
+    props["user_metadata"] = {"anyOf": [{"type": "object", "properties": {FULL_FINETUNE_KEY: flag}}, {"type": "null"}]}
+    full = {"required": ["user_metadata"], "properties": {"user_metadata": {"type": "object", "required": [FULL_FINETUNE_KEY],
+            "properties": {FULL_FINETUNE_KEY: {"const": "true"}}}}}  # fmt: skip
+    every_weight = {"type": "object", "properties": {name: {"const": True} for name in ("train_attn", "train_mlp", "train_unembed")}}
+    schema["anyOf"] = [
+        {"required": ["lora_config"], "properties": {"lora_config": {"$ref": "#/components/schemas/LoraConfig"}}, "not": full},
+        {**full, "properties": {**full["properties"], "lora_config": {"anyOf": [every_weight, {"type": "null"}]}}},
+    ]
+
+
+def _asample(schema: dict, models: list[str]) -> None:
     # asample samples in a session it was given; the SDK's direct base_model form is refused.
     schema["required"] = sorted({*schema.get("required", ()), "sampling_session_id"})
     schema["properties"]["sampling_session_id"] = {"type": "string"}
 
 
-def _sampling_session(schema: dict) -> None:
+def _sampling_session(schema: dict, models: list[str]) -> None:
     # A session samples a base model or a checkpoint (then base_model, if given, must match it).
     schema["anyOf"] = [
-        {"required": ["base_model"], "properties": {"base_model": {"type": "string"}}},
+        {"required": ["base_model"], "properties": {"base_model": {"type": "string", "enum": models}}},
         {"required": ["model_path"], "properties": {"model_path": TINKER_PATH}},
     ]
 
 
-def _load_weights(schema: dict) -> None:
+def _load_weights(schema: dict, models: list[str]) -> None:
+    schema["properties"]["path"] = TINKER_PATH
+    schema["properties"]["base_model"] = {"anyOf": [{"type": "string", "enum": models}, {"type": "null"}]}
     # Two addressings: a new model (session_id + model_seq_id) or in place (model_id + seq_id).
     schema["anyOf"] = [
         {"required": ["session_id", "model_seq_id"], "properties": {"session_id": {"type": "string"}, "model_seq_id": {"type": "integer"}}},
@@ -69,30 +89,55 @@ def _load_weights(schema: dict) -> None:
     ]
 
 
-def _copy_weights(schema: dict) -> None:
+NAME_STR = {"type": "string", "pattern": f"^{NAME}$"}
+
+
+def _save_weights(schema: dict, models: list[str]) -> None:
+    schema["required"] = sorted({*schema.get("required", ()), "path"})
+    schema["properties"]["path"] = NAME_STR
+
+
+def _save_for_sampler(schema: dict, models: list[str]) -> None:
+    # A checkpoint name, or the seq id of a new sampling session made from the weights.
+    schema["properties"]["path"] = {"anyOf": [NAME_STR, {"type": "null"}]}
+    schema["anyOf"] = [
+        {"required": ["path"], "properties": {"path": NAME_STR}},
+        {"required": ["sampling_session_seq_id"], "properties": {"sampling_session_seq_id": {"type": "integer", "minimum": 0}}},
+    ]
+
+
+def _save_external(schema: dict, models: list[str]) -> None:
+    schema["required"] = sorted({*schema.get("required", ()), "path", "seq_id"})
+    props = schema["properties"]
+    props["path"] = NAME_STR
+    props["seq_id"] = {"type": "integer", "minimum": 1}
+    props["age_encryption_recipients"] = {"anyOf": [{"type": "array", "maxItems": 0}, {"type": "null"}]}  # not offered
+
+
+def _copy_weights(schema: dict, models: list[str]) -> None:
     props = schema["properties"]
     props["source_path"] = TINKER_PATH
     props["ttl_seconds"] = TTL
     props["weights_access_token"] = {"type": "null"}  # copies stay within the caller's checkpoints
 
 
-def _openai_common(schema: dict) -> None:
+def _openai_common(schema: dict, models: list[str]) -> None:
     props = schema["properties"]
     for name in ("presence_penalty", "frequency_penalty"):
         props[name] = only(0, "number")
     props["logit_bias"] = only({}, "object")
 
 
-def _completion(schema: dict) -> None:
-    _openai_common(schema)
+def _completion(schema: dict, models: list[str]) -> None:
+    _openai_common(schema, models)
     props = schema["properties"]
     props["echo"] = only(False, "boolean")
     props["suffix"] = {"anyOf": [{"type": "string", "maxLength": 0}, {"type": "null"}]}
     props["best_of"] = only(1, "integer")
 
 
-def _chat(schema: dict) -> None:
-    _openai_common(schema)
+def _chat(schema: dict, models: list[str]) -> None:
+    _openai_common(schema, models)
     props = schema["properties"]
     props["tools"] = {"anyOf": [{"type": "array", "maxItems": 0}, {"type": "null"}]}
     props["tool_choice"] = {"anyOf": [{"type": "string", "enum": ["none", "auto"]}, {"type": "null"}]}
@@ -114,7 +159,7 @@ class Doc:
     errors: tuple[int, ...] = ()  # besides 400 (bad input), 401 (bad key) and 413 (body over the limit)
     body: Optional[type[BaseModel]] = None  # a JSON body the route reads by hand
     body_schema: Optional[Callable[[], dict]] = None  # a body no model describes
-    body_patch: Optional[Callable[[dict], None]] = None  # the route's own checks, as schema
+    body_patch: Optional[Callable[[dict, list[str]], None]] = None  # the route's own checks, as schema (given the served models)
     body_required: bool = True
     protobuf_body: bool = False  # also takes application/x-protobuf
     params: dict[str, dict] = field(default_factory=dict)  # schema of hand-checked parameters
@@ -143,15 +188,15 @@ ROUTES: dict[tuple[str, str], Doc] = {
     ("POST", V1 + "/create_session"): Doc(),
     ("POST", V1 + "/session_heartbeat"): Doc(errors=(404, 410)),
     ("POST", V1 + "/sessions/{session_id}/finish"): Doc(errors=(404,)),
-    ("POST", V1 + "/create_model"): Doc(errors=(404, 409), body=training.CreateModelRequest),
+    ("POST", V1 + "/create_model"): Doc(errors=(404, 409), body=training.CreateModelRequest, body_patch=_create_model),
     ("POST", V1 + "/get_info"): Doc(errors=(404, 410)),
     ("POST", V1 + "/load_weights"): Doc(errors=SEQUENCED, body=training.LoadWeightsRequest, body_patch=_load_weights),
     ("POST", V1 + "/forward_backward"): Doc(errors=SEQUENCED, body=jsonbodies.ForwardBackwardRequest, protobuf_body=True),
     ("POST", V1 + "/forward"): Doc(errors=SEQUENCED, body=jsonbodies.ForwardRequest),
     ("POST", V1 + "/optim_step"): Doc(errors=SEQUENCED, body=training.OptimStepRequest),
-    ("POST", V1 + "/save_weights"): Doc(errors=SEQUENCED, body=training.SaveWeightsRequest),
-    ("POST", V1 + "/save_weights_for_sampler"): Doc(errors=SEQUENCED, body=training.SaveWeightsForSamplerRequest),
-    ("POST", V1 + "/save_weights_external"): Doc(errors=SEQUENCED, body=rest_wire.SaveWeightsExternalRequest),
+    ("POST", V1 + "/save_weights"): Doc(errors=SEQUENCED, body=training.SaveWeightsRequest, body_patch=_save_weights),
+    ("POST", V1 + "/save_weights_for_sampler"): Doc(errors=SEQUENCED, body=training.SaveWeightsForSamplerRequest, body_patch=_save_for_sampler),
+    ("POST", V1 + "/save_weights_external"): Doc(errors=SEQUENCED, body=rest_wire.SaveWeightsExternalRequest, body_patch=_save_external),
     ("POST", V1 + "/create_sampling_session"): Doc(errors=(404, 409), body=sampling.CreateSamplingSessionRequest, body_patch=_sampling_session),
     ("GET", V1 + "/samplers/{sampling_session_id}"): Doc(errors=(404,)),
     ("POST", V1 + "/asample"): Doc(errors=SEQUENCED, body=sampling.SampleRequest, body_patch=_asample),
@@ -162,7 +207,7 @@ ROUTES: dict[tuple[str, str], Doc] = {
     ("POST", V1 + "/cancel_future"): Doc(errors=(404,), body=futures.CancelFutureRequest),
     ("GET", V1 + "/training_runs"): Doc(params={**PAGE, **SCOPE}),
     ("GET", V1 + "/training_runs/{run_id}"): Doc(errors=(404,), params=SCOPE),
-    ("POST", V1 + "/weights_info"): Doc(errors=(404,), body_patch=lambda s: s["properties"].update(tinker_path=TINKER_PATH)),
+    ("POST", V1 + "/weights_info"): Doc(errors=(404,), body_patch=lambda s, _: s["properties"].update(tinker_path=TINKER_PATH)),
     ("GET", V1 + "/sessions"): Doc(params={**PAGE, **SCOPE}),
     ("GET", V1 + "/sessions/{session_id}"): Doc(errors=(404,), params=SCOPE),
     ("GET", V1 + "/training_runs/{run_id}/checkpoints"): Doc(errors=(404,)),
@@ -170,7 +215,7 @@ ROUTES: dict[tuple[str, str], Doc] = {
     ("DELETE", CKPT): Doc(errors=(404,), params={**RUN_PARAM, "rest": {"type": "string", "pattern": f"^{CKPT_ID}(/publish)?$"}}),
     ("POST", CKPT): Doc(errors=(404,), params={**RUN_PARAM, "rest": {"type": "string", "pattern": f"^{CKPT_ID}/publish$"}}),
     ("PUT", CKPT): Doc(errors=(404,), params={**RUN_PARAM, "rest": {"type": "string", "pattern": f"^{CKPT_ID}/ttl$"}},
-                       body_patch=lambda s: s["properties"].update(ttl_seconds=TTL)),  # fmt: skip
+                       body_patch=lambda s, _: s["properties"].update(ttl_seconds=TTL)),  # fmt: skip
     ("GET", CKPT): Doc(errors=(404,), params={**RUN_PARAM, "rest": {"type": "string", "pattern": f"^external_weights/{NAME}/external_weights_urls$"}}),
     ("POST", V1 + "/copy_weights"): Doc(errors=(404, 409), body=rest_wire.CopyWeightsRequest, body_patch=_copy_weights),
     # A signed link is its own authorisation: 403 for a bad signature, 410 once expired or deleted.
