@@ -77,6 +77,7 @@ def _sampling_session(schema: dict, models: list[str]) -> None:
         {"required": ["base_model"], "properties": {"base_model": {"type": "string", "enum": models}}},
         {"required": ["model_path"], "properties": {"model_path": TINKER_PATH}},
     ]
+    schema["properties"]["model_path"] = NULLABLE_TINKER_PATH
 
 
 def _load_weights(schema: dict, models: list[str]) -> None:
@@ -90,6 +91,10 @@ def _load_weights(schema: dict, models: list[str]) -> None:
 
 
 NAME_STR = {"type": "string", "pattern": f"^{NAME}$"}
+
+
+def _sequenced(schema: dict, models: list[str]) -> None:
+    schema["properties"]["seq_id"] = {"type": "integer", "minimum": 1}  # checked by the route, not the model
 
 
 def _save_weights(schema: dict, models: list[str]) -> None:
@@ -191,8 +196,8 @@ ROUTES: dict[tuple[str, str], Doc] = {
     ("POST", V1 + "/create_model"): Doc(errors=(404, 409), body=training.CreateModelRequest, body_patch=_create_model),
     ("POST", V1 + "/get_info"): Doc(errors=(404, 410)),
     ("POST", V1 + "/load_weights"): Doc(errors=SEQUENCED, body=training.LoadWeightsRequest, body_patch=_load_weights),
-    ("POST", V1 + "/forward_backward"): Doc(errors=SEQUENCED, body=jsonbodies.ForwardBackwardRequest, protobuf_body=True),
-    ("POST", V1 + "/forward"): Doc(errors=SEQUENCED, body=jsonbodies.ForwardRequest),
+    ("POST", V1 + "/forward_backward"): Doc(errors=SEQUENCED, body=jsonbodies.ForwardBackwardRequest, body_patch=_sequenced, protobuf_body=True),
+    ("POST", V1 + "/forward"): Doc(errors=SEQUENCED, body=jsonbodies.ForwardRequest, body_patch=_sequenced),
     ("POST", V1 + "/optim_step"): Doc(errors=SEQUENCED, body=training.OptimStepRequest),
     ("POST", V1 + "/save_weights"): Doc(errors=SEQUENCED, body=training.SaveWeightsRequest, body_patch=_save_weights),
     ("POST", V1 + "/save_weights_for_sampler"): Doc(errors=SEQUENCED, body=training.SaveWeightsForSamplerRequest, body_patch=_save_for_sampler),
