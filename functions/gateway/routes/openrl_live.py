@@ -73,7 +73,7 @@ def event_json(ctx: GatewayContext, tenant: str, row) -> dict[str, Any]:
     else:
         try:
             payload = ctx.store.codec.unpack(tenant, row.type, row.data, None)
-            fields = {name: _small(value) for name, value in payload if value is not None}
+            fields = {name: _small(value) for name, value in payload.model_dump(mode="json").items() if value is not None}
         except Exception as error:  # an event type this gateway does not know (a newer worker's)
             fields = {"undecoded": type(error).__name__}
     return {

@@ -38,7 +38,14 @@ NO_OBJECT_IDS = {
     ("GET", "/api/v1/billing/usage/checkpoints/current"): "not offered, for anyone",
     ("GET", "/api/v1/audit"): "not offered, for anyone",
     ("POST", "/api/v1/sessions/search"): "not offered, for anyone",
+    ("GET", "/api/openrl/v1/runs"): "a list of the caller's own (test_openrl_lists_hold_only_the_callers_objects)",
+    ("GET", "/api/openrl/v1/sessions"): "a list of the caller's own (test_openrl_lists_hold_only_the_callers_objects)",
+    ("GET", "/v1/models"): "the base models, the same for everyone",
+    ("GET", "/api/openrl/v1/timeline"): "no id; other tenants' entries are redacted (tests/functions/gateway/test_dashboard_api.py)",
+    ("GET", "/dashboard"): "a static page that holds no data",
+    ("GET", "/dashboard/{name}"): "the page's static script and stylesheet",
 }
+OPENRL = "/api/openrl/v1"
 # Tinker features this server refuses for everyone (a 404 that is no lookup, not audited).
 NOT_OFFERED = {route.path for route in unsupported.router.routes}
 CKPT = "/api/v1/training_runs/{run_id}/checkpoints/{rest}"
@@ -109,6 +116,21 @@ def cases(i: dict[str, str], bob: dict[str, str], seq: Callable[[], int]) -> dic
             ("POST", "/api/v1/copy_weights", {"source_path": i["weights"], "destination_project_id": "p"}),
             ("POST", "/api/v1/copy_weights", {"source_path": i["weights"], "session_id": bob["session"], "model_seq_id": seq()}),
             ("POST", "/api/v1/copy_weights", {"source_path": bob["weights"], "session_id": i["session"], "model_seq_id": 9}),
+        ],
+        # OpenRL's own API (the `openrl` CLI and the dashboard): runs by id, checkpoints by path.
+        ("GET", f"{OPENRL}/runs/{{run_id}}"): [("GET", f"{OPENRL}/runs/{i['model']}", None)],
+        ("GET", f"{OPENRL}/runs/{{run_id}}/metrics"): [("GET", f"{OPENRL}/runs/{i['model']}/metrics", None)],
+        ("POST", f"{OPENRL}/runs/{{run_id}}/cancel"): [("POST", f"{OPENRL}/runs/{i['model']}/cancel", {})],
+        ("GET", f"{OPENRL}/runs/{{run_id}}/events"): [("GET", f"{OPENRL}/runs/{i['model']}/events", None)],
+        ("GET", f"{OPENRL}/runs/{{run_id}}/sampling"): [("GET", f"{OPENRL}/runs/{i['model']}/sampling", None)],
+        ("GET", f"{OPENRL}/checkpoints"): [("GET", f"{OPENRL}/checkpoints?run_id={i['model']}", None)],
+        ("GET", f"{OPENRL}/checkpoints/archive"): [("GET", f"{OPENRL}/checkpoints/archive?path={i['weights']}", None)],
+        ("DELETE", f"{OPENRL}/checkpoints"): [("DELETE", f"{OPENRL}/checkpoints?path={i['weights']}", None)],
+        # The OpenAI-compatible endpoint: a checkpoint path as the model.
+        ("GET", "/v1/models/{model}"): [("GET", f"/v1/models/{i['sampler_weights']}", None)],
+        ("POST", "/v1/completions"): [("POST", "/v1/completions", {"model": i["sampler_weights"], "prompt": "hi", "max_tokens": 2})],
+        ("POST", "/v1/chat/completions"): [
+            ("POST", "/v1/chat/completions", {"model": i["sampler_weights"], "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
         ],
         # A download link is its own authorisation: bob's valid link moved onto the other
         # tenant's name or blob, and the other tenant's blob under bob's signature.
@@ -223,7 +245,8 @@ def test_every_route_answers_another_tenants_ids_as_if_they_did_not_exist(rest, 
             assert anonymised(foreign.text, alice) == anonymised(missing.text, ghost), what
             assert foreign.status_code != 200 or route[1] == "/api/v1/telemetry", f"{what} succeeded: {foreign.text}"
             if foreign.status_code == 404 and route[1] not in NOT_OFFERED:
-                not_found.append(anonymised(foreign.json()["detail"], alice))
+                answer = foreign.json()  # {"detail"}, or OpenAI's {"error": {"message"}} under /v1
+                not_found.append(anonymised(answer["detail"] if "detail" in answer else answer["error"]["message"], alice))
     assert len(not_found) >= 25  # most routes look an id up; their refusals are what the audit shows
 
     assert alice_rows(rest) == before  # nothing of alice's changed
@@ -256,6 +279,17 @@ def test_lists_hold_only_the_callers_objects(rest):
         assert not any(value in text for name, value in alice.items() if name != "tenant"), path
     assert rest.ok("GET", "/api/v1/sessions", key=BOB)["sessions"] == [bob["session"]]
     assert [run["training_run_id"] for run in rest.ok("GET", "/api/v1/training_runs", key=BOB)["training_runs"]] == [bob["model"]]
+
+
+def test_openrl_lists_hold_only_the_callers_objects(rest):
+    alice = alice_objects(rest)
+    bob = bob_objects(rest)
+    for path in (f"{OPENRL}/runs", f"{OPENRL}/sessions", f"{OPENRL}/checkpoints"):
+        text = rest.request("GET", path, key=BOB).text
+        assert not any(value in text for name, value in alice.items() if name != "tenant"), path
+    assert [run["run_id"] for run in rest.ok("GET", f"{OPENRL}/runs", key=BOB)["runs"]] == [bob["model"]]
+    assert [s["session_id"] for s in rest.ok("GET", f"{OPENRL}/sessions", key=BOB)["sessions"]] == [bob["session"]]
+    assert [run["run_id"] for run in rest.ok("GET", f"{OPENRL}/runs")["runs"]] == [alice["model"]]
 
 
 def test_a_download_link_is_bound_to_its_tenant_blob_and_expiry(rest):
