@@ -214,8 +214,10 @@ function showEvent(event) {
   const phase = event.name.split(".").pop();
   const fields = Object.entries(event.fields).filter(([name]) => name !== "request_id")
     .map(([name, value]) => `${name}=${typeof value === "object" ? JSON.stringify(value) : value}`).join(" ");
-  const item = el("li", { class: phase, "data-position": event.position, "data-name": event.name, title: event.type },
-    `${new Date(event.time).toLocaleTimeString()} `, el("span", { class: "name" }, event.name), ` ${event.key || ""} ${fields}`);
+  // Keys are the run or one of its sampling sessions: "<session>:train:0", "<session>:sample:1".
+  const where = (event.key || "").split(":").slice(-2).join(":");
+  const item = el("li", { class: phase, "data-position": event.position, "data-name": event.name, title: `${event.type} ${event.key || ""} ${fields}` },
+    `${new Date(event.time).toLocaleTimeString()} `, el("span", { class: "name" }, event.name), ` ${where} ${fields}`);
   list.prepend(item);
   while (list.children.length > 500) list.lastElementChild.remove();
   if (/optim_step\.completed|run\.cancelled|checkpoint|sample\.completed|save_weights/.test(event.name)) refreshSoon();
