@@ -86,6 +86,51 @@ def test_a_runs_stream_sends_its_history_resumes_and_follows(rest, short_streams
     assert live[0]["position"] > positions[-1]
 
 
+def test_a_completion_wakes_an_open_stream_long_before_its_poll(rest, monkeypatch):
+    """Over real HTTP (uvicorn): with a 60 s poll, a completion the projector announces still
+    reaches an open stream within a few seconds, and the stream ends when the client leaves."""
+    import httpx
+    import uvicorn
+
+    from functions.local_server import free_port
+
+    monkeypatch.setattr(openrl_live, "POLL_SECONDS", 60.0)
+    monkeypatch.setattr(openrl_live, "STREAM_SECONDS", 120.0)
+    run = rest.model(rest.session())
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(rest.client.app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{port}{API}/runs/{run}/events?history=0"
+        with httpx.stream("GET", url, headers={"X-API-Key": "tml-rest-alice"}, timeout=30) as response:
+            lines = response.iter_lines()
+            assert next(lines).startswith("retry:")
+            before = time.monotonic()
+            rest.save(run, "woken")  # stored as the projector stores a completion...
+            with rest.runtime.engine.connect() as conn:
+                done = conn.execute(select(tables.futures.c.request_id).where(tables.futures.c.model_id == run, tables.futures.c.kind == "save_weights")).scalar()
+            rest.runtime.notifier.notify([done])  # ...and then announced, as it announces one
+            names = []
+            for line in lines:
+                if line.startswith("data: "):
+                    names.append(json.loads(line[6:])["name"])
+                if "training.save_weights.completed" in names:
+                    break
+            assert time.monotonic() - before < 10
+            assert names == ["training.save_weights.requested", "training.save_weights.completed"]
+        deadline = time.monotonic() + 10
+        while rest.ctx.waiters._any and time.monotonic() < deadline:  # the client left: the stream ended
+            time.sleep(0.05)
+        assert not rest.ctx.waiters._any
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
 def test_a_stream_refuses_bad_positions_clearly(rest, short_streams):
     run = rest.model(rest.session())
     assert_clear_4xx(rest.request("GET", f"{API}/runs/{run}/events?after=-1"), 400, "after must be 0 or more")
