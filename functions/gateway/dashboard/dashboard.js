@@ -299,9 +299,9 @@ async function forkRun() {
   const step = Number($("fork-step").value);
   if (!Number.isInteger(step) || step < 0) return actionSay("Fork: the step must be a whole number, 0 or more.");
   try {
-    const answer = await api(`/runs/${encodeURIComponent(state.runId)}/fork`, { method: "POST", body: { at_step: step } });
-    const made = answer.run_id || answer.model_id || (answer.run && answer.run.run_id);
-    actionSay(`Forked at step ${step}: ${made || JSON.stringify(answer)}${answer.path ? " (" + answer.path + ")" : ""}`);
+    const answer = await api(`/runs/${encodeURIComponent(state.runId)}/fork`, { method: "POST", body: { step } });
+    const failed = answer.error ? `, failed: ${answer.error}` : "";
+    actionSay(`Forked at step ${step}: ${answer.run_id} (${answer.status}${failed}); its state: ${answer.tinker_path}`);
     loadHome().catch(report);
   } catch (error) {
     const missing = (error.status === 404 && error.message === "Not Found") || error.status === 405 || error.status === 501;
