@@ -25,7 +25,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Optional
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.engine import Connection
 
 from eventing.store import tables as t
@@ -51,13 +51,22 @@ def _earliest(*moments: Optional[datetime]) -> Optional[datetime]:
     return min(known) if known else None
 
 
+# Built once with bind parameters: every training completion runs these, and building and
+# compiling a statement per event cost more than running it (as in `projections`).
+_REQUEST = select(t.futures.c.state, t.futures.c.model_id, t.futures.c.created_at).where(
+    t.futures.c.request_id == bindparam("b_request_id")
+)
+_OPEN_STEP = select(t.run_steps).where(t.run_steps.c.model_id == bindparam("b_model_id"), t.run_steps.c.completed_at.is_(None))
+_LAST_STEP = select(func.max(t.run_steps.c.step)).where(t.run_steps.c.model_id == bindparam("b_model_id"))
+_STEP_INSERT = insert(t.run_steps)
+_STEP_UPDATE = update(t.run_steps).where(
+    t.run_steps.c.model_id == bindparam("b_model_id"), t.run_steps.c.step == bindparam("b_step")
+)
+
+
 @handles(training_events.FORWARD_BACKWARD["completed"], training_events.OPTIM_STEP["completed"])
 def _step_progress(conn: Connection, event: Event) -> None:
-    request = conn.execute(
-        select(t.futures.c.state, t.futures.c.model_id, t.futures.c.created_at).where(
-            t.futures.c.request_id == event.data.request_id
-        )
-    ).first()
+    request = conn.execute(_REQUEST, {"b_request_id": event.data.request_id}).first()
     _future(conn, event)
     if request is None or is_terminal(FutureState(request.state)):
         return  # unknown, or already ended (a redelivery, or a cancelled run's late work)
@@ -66,51 +75,40 @@ def _step_progress(conn: Connection, event: Event) -> None:
     optim = event.verb == "optim_step"
     if not optim and details.get("forward_only"):
         return
-    step = _open_step(conn, event.tenant, request.model_id, utc(request.created_at), _moment(details.get("started")))
-    key = (t.run_steps.c.model_id == request.model_id) & (t.run_steps.c.step == step.step)
+    model_id, requested, started = request.model_id, utc(request.created_at), _moment(details.get("started"))
+    row = conn.execute(_OPEN_STEP, {"b_model_id": model_id}).first()
+    if row is None:  # the step's first request to complete opens it
+        last = conn.execute(_LAST_STEP, {"b_model_id": model_id}).scalar()
+        step, loss, tokens, calls = (last or 0) + 1, None, 0, 0
+        values: dict = dict(first_request_at=requested, started_at=started)
+    else:
+        step, loss, tokens, calls = row.step, row.loss, row.tokens, row.forward_backward
+        values = {}
+        first, begun = _earliest(row.first_request_at, requested), _earliest(row.started_at, started)
+        if first != utc(row.first_request_at) or begun != utc(row.started_at):
+            values.update(first_request_at=first, started_at=begun)
     if optim:
-        values = dict(
+        values.update(
             completed_at=event.time,
             learning_rate=_number(metrics.get("optim/lr")),
             grad_norm=_number(metrics.get("optim/grad_norm")),
             metrics=dict(metrics),
         )
     else:
-        loss = _number(metrics.get("loss:sum"))
-        values = dict(
-            loss=step.loss if loss is None else (step.loss or 0.0) + loss,
-            tokens=step.tokens + int(details.get("tokens") or 0),
-            forward_backward=step.forward_backward + 1,
+        added = _number(metrics.get("loss:sum"))
+        values.update(
+            loss=loss if added is None else (loss or 0.0) + added,
+            tokens=tokens + int(details.get("tokens") or 0),
+            forward_backward=calls + 1,
         )
-    conn.execute(update(t.run_steps).where(key).values(**values))
+    if row is None:
+        conn.execute(_STEP_INSERT, dict(model_id=model_id, step=step, tenant=event.tenant, **{"tokens": 0, "forward_backward": 0, **values}))
+    else:
+        conn.execute(_STEP_UPDATE, {"b_model_id": model_id, "b_step": step, **values})
 
 
 def _number(value) -> Optional[float]:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _open_step(conn: Connection, tenant: str, model_id: str, requested: datetime, started: Optional[datetime]):
-    """The run's step in progress (made now if none is), its first times moved earlier."""
-    row = conn.execute(
-        select(t.run_steps).where(t.run_steps.c.model_id == model_id, t.run_steps.c.completed_at.is_(None))
-    ).first()
-    if row is None:
-        last = conn.execute(select(func.max(t.run_steps.c.step)).where(t.run_steps.c.model_id == model_id)).scalar()
-        conn.execute(
-            insert(t.run_steps).values(
-                model_id=model_id, step=(last or 0) + 1, tenant=tenant, tokens=0, forward_backward=0,
-                first_request_at=requested, started_at=started,
-            )
-        )  # fmt: skip
-    else:
-        first = _earliest(row.first_request_at, requested)
-        begun = _earliest(row.started_at, started)
-        if first != utc(row.first_request_at) or begun != utc(row.started_at):
-            key = (t.run_steps.c.model_id == model_id) & (t.run_steps.c.step == row.step)
-            conn.execute(update(t.run_steps).where(key).values(first_request_at=first, started_at=begun))
-    return conn.execute(
-        select(t.run_steps).where(t.run_steps.c.model_id == model_id, t.run_steps.c.completed_at.is_(None))
-    ).first()
 
 
 def cancellation_message(data) -> str:
