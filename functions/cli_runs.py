@@ -136,6 +136,8 @@ def table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
 def _cell(value: Any) -> str:
     if value is None:
         return "-"
+    if isinstance(value, dict) and set(value) == {"run", "step"}:  # a fork's origin
+        return f"{value['run']} at step {value['step']}"
     if isinstance(value, float):
         return f"{value:.6g}"
     if isinstance(value, str) and len(value) >= 19 and value[10:11] == "T":

@@ -138,6 +138,9 @@ def test_a_fork_is_bitwise_a_run_stopped_at_that_step_and_continues_identically(
 
     shown = httpx.get(f"{server.url}/api/openrl/v1/runs/{forked['run_id']}", headers={"X-API-Key": ALICE}).json()["run"]
     assert shown["forked_from"] == {"run": run_id, "step": 3} and shown["status"] == "active" and shown["lora_rank"] == 4
+    capsys.readouterr()
+    assert cli.main(["runs", "show", forked["run_id"], "--url", server.url, "--api-key", ALICE]) == 0
+    assert f"forked_from             {run_id} at step 3" in capsys.readouterr().out
     listed = httpx.get(f"{server.url}/api/openrl/v1/runs", headers={"X-API-Key": ALICE}).json()["runs"]
     assert {r["run_id"]: r["forked_from"] for r in listed}[run_id] is None
 
@@ -154,6 +157,24 @@ def test_fork_at_step_0_and_at_the_last_step(server, alice, parent, capsys):
     assert code == 0 and first["rebuilt_from"] == {"snapshot_step": None, "replayed_requests": 0}
     fresh = alice.create_lora_training_client(base_model=MODEL, rank=4, seed=7).result()
     assert state_files(server, first["tinker_path"]) == state_files(server, fresh.save_state("fresh").result().path)
+
+
+def test_the_table_answer_and_a_retried_fork(server, parent, capsys):
+    run_id = parent["client"].model_id
+    capsys.readouterr()
+    assert cli.main(["runs", "fork", run_id, "--at-step", "2", "--url", server.url, "--api-key", ALICE]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"forked {run_id} at step 2 as ") and lines[1].startswith("state (weights and optimizer): tinker://")
+    assert "create_training_client_from_state_with_optimizer('tinker://" in lines[2]
+
+    api = httpx.Client(base_url=f"{server.url}/api/openrl/v1", headers={"X-API-Key": ALICE, "X-Idempotency-Key": "retry-me"})
+    first = api.post(f"/runs/{run_id}/fork", json={"step": 1}).json()
+    again = api.post(f"/runs/{run_id}/fork", json={"step": 1}).json()
+    assert first["status"] == again["status"] == "ready"
+    assert (again["run_id"], again["request_id"]) == (first["run_id"], first["request_id"])  # the same fork, not a second one
+    other = api.post(f"/runs/{run_id}/fork", json={"step": 2})
+    assert other.status_code == 409 and "X-Idempotency-Key was used for a fork at step 1" in other.json()["detail"]
+    api.close()
 
 
 def test_a_seedless_run_forks_from_its_creation_and_a_cancelled_run_still_forks(server, alice, capsys):
@@ -218,7 +239,7 @@ def test_forks_are_events_that_replay_rebuilds(server, alice, parent, capsys):
     with engine.connect() as conn:
         keys = [row.key for row in conn.execute(text("SELECT key FROM events WHERE type = :t"), {"t": FORK["requested"]})]
     engine.dispose()
-    assert len(keys) >= 3 and len(set(keys)) == len(keys)
+    assert len(keys) >= 8 and len(set(keys)) == len(keys)  # one event per fork, the retried one included once
     alice.close("success").result()  # no more heartbeats: the store stands still
     env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
     replayed = subprocess.run(
