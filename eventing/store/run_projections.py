@@ -18,6 +18,12 @@ future of the run, and of each sampling session that samples its weights, ends C
 with category `user` and a message that starts with "cancelled"; those sampling sessions
 are closed. Cancelling a cancelled run changes nothing. All of it is a fold of the events,
 so replay rebuilds it exactly.
+
+Forks (`training.fork.requested`): the new run's row (state `creating`, with its parent and
+step in `forked_from_run` / `forked_from_step`) and, when the gateway made one for it, its
+own session (tagged `fork`, in the parent's project). The completion makes the run `ready`
+and records the checkpoint the trainer saved of its state; a failure makes it `failed`.
+A completion that finds the future already ended (a redelivery) records nothing.
 """
 
 from __future__ import annotations
@@ -29,9 +35,10 @@ from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.engine import Connection
 
 from eventing.store import tables as t
-from eventing.store.projections import _future, handles, utc
+from eventing.store.projections import _future, _insert_run, _touch_run, _upsert_checkpoint, handles, utc
 from openrl_core.events import Event
 from openrl_core.events import training as training_events
+from openrl_core.events.lifecycle import RequestFailed
 from openrl_core.futures import FutureState, is_terminal
 
 OPEN = (FutureState.PENDING.value, FutureState.RUNNING.value)
@@ -149,3 +156,38 @@ def _cancel_futures(conn: Connection, event: Event, keys: list[str], message: st
         .where(t.futures.c.tenant == event.tenant, t.futures.c.model_id.in_(keys), t.futures.c.state.in_(OPEN))
         .values(state=FutureState.CANCELLED.value, error=message, category="user", completed_at=event.time)
     )
+
+
+@handles(training_events.FORK["requested"])
+def _fork_requested(conn: Connection, event: Event) -> None:
+    if _future(conn, event) is not FutureState.PENDING:
+        return
+    data = event.data
+    if conn.execute(select(t.sessions.c.session_id).where(t.sessions.c.session_id == data.session_id)).first() is None:
+        conn.execute(
+            insert(t.sessions).values(
+                session_id=data.session_id, tenant=event.tenant, tags=["fork"], user_metadata={},
+                project_id=data.project_id, display_name=f"fork of {data.parent_id} at step {data.step}",
+                created_at=event.time, last_heartbeat_at=event.time,
+            )
+        )  # fmt: skip
+    _insert_run(conn, event, data.model_id)
+    _touch_run(conn, data.model_id, event.time, forked_from_run=data.parent_id, forked_from_step=data.step)
+
+
+@handles(training_events.FORK["completed"], training_events.FORK["failed"])
+def _fork_finished(conn: Connection, event: Event) -> None:
+    request = t.futures.c.request_id == event.data.request_id
+    before = conn.execute(select(t.futures.c.state, t.futures.c.model_id).where(request)).first()
+    if before is None or is_terminal(FutureState(before.state)) or _future(conn, event) is None:
+        return
+    runs = t.training_runs
+    run = conn.execute(select(runs.c.state).where(runs.c.model_id == before.model_id)).first()
+    if run is None or run.state != "creating":
+        return  # cancelled while it was being built: it stays cancelled, its state unsaved
+    if isinstance(event.data, RequestFailed):
+        _touch_run(conn, before.model_id, event.time, state="failed", error=event.data.error)
+        return
+    _touch_run(conn, before.model_id, event.time, state="ready")
+    if event.data.checkpoint is not None:
+        _upsert_checkpoint(conn, event, event.data.checkpoint)

@@ -110,6 +110,7 @@ def cases(i: dict[str, str], bob: dict[str, str], seq: Callable[[], int]) -> dic
             ("POST", "/api/v1/copy_weights", {"source_path": i["weights"], "session_id": bob["session"], "model_seq_id": seq()}),
             ("POST", "/api/v1/copy_weights", {"source_path": bob["weights"], "session_id": i["session"], "model_seq_id": 9}),
         ],
+        ("POST", "/api/openrl/v1/runs/{run_id}/fork"): [("POST", f"/api/openrl/v1/runs/{i['model']}/fork", {"step": 0, "wait_seconds": 0})],
         # A download link is its own authorisation: bob's valid link moved onto the other
         # tenant's name or blob, and the other tenant's blob under bob's signature.
         ("GET", "/api/v1/downloads/{tenant}/{sha256}/{filename}"): [
