@@ -80,6 +80,14 @@ class RunViews:
         with self.engine.connect() as conn:
             return list(conn.execute(query))
 
+    def fork_request(self, tenant: str, fork_id: str) -> Optional[str]:
+        """The request id of the fork event that made `fork_id`."""
+        query = select(t.futures.c.request_id).where(
+            t.futures.c.tenant == tenant, t.futures.c.model_id == fork_id, t.futures.c.kind == "fork"
+        )
+        with self.engine.connect() as conn:
+            return conn.execute(query).scalar()
+
     def open_futures(self, tenant: str, keys: list[str]) -> list[str]:
         query = select(t.futures.c.request_id).where(
             t.futures.c.tenant == tenant, t.futures.c.model_id.in_(keys), t.futures.c.state.in_(("pending", "running"))

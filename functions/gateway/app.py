@@ -24,7 +24,7 @@ from functions.gateway.context import GatewayContext
 from functions.gateway.routes import client, futures, models, sampling, sessions, training
 from functions.gateway import downloads
 from functions.gateway.routes import checkpoints, runs
-from functions.gateway.routes import openrl_runs, openrl_store
+from functions.gateway.routes import openrl_forks, openrl_runs, openrl_store
 from functions.gateway.routes import dashboard, openrl_live, openrl_timeline
 from functions.gateway.routes import unsupported
 from functions.gateway.routes import openai_compat
@@ -48,7 +48,7 @@ def create_app(ctx: GatewayContext) -> FastAPI:
         app.include_router(module.router)
     app.include_router(openai_compat.router)  # /v1: the OpenAI-compatible endpoint
     # OpenRL's own API, /api/openrl/v1 (the `openrl runs` CLI), and the dashboard page over it
-    for module in (openrl_runs, openrl_store, openrl_live, openrl_timeline, dashboard):
+    for module in (openrl_runs, openrl_forks, openrl_store, openrl_live, openrl_timeline, dashboard):
         app.include_router(module.router)
     app.include_router(unsupported.router)  # Tinker endpoints a self-hosted server refuses, with reasons
     return app

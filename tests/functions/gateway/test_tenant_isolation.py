@@ -132,6 +132,7 @@ def cases(i: dict[str, str], bob: dict[str, str], seq: Callable[[], int]) -> dic
         ("POST", "/v1/chat/completions"): [
             ("POST", "/v1/chat/completions", {"model": i["sampler_weights"], "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
         ],
+        ("POST", "/api/openrl/v1/runs/{run_id}/fork"): [("POST", f"/api/openrl/v1/runs/{i['model']}/fork", {"step": 0, "wait_seconds": 0})],
         # A download link is its own authorisation: bob's valid link moved onto the other
         # tenant's name or blob, and the other tenant's blob under bob's signature.
         ("GET", "/api/v1/downloads/{tenant}/{sha256}/{filename}"): [
