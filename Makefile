@@ -28,6 +28,8 @@ $(STAMP): pyproject.toml constraints.txt
 TEST_WORKERS ?= 2
 test: install
 	scripts/ensure-postgres
+	# Chromium for the dashboard's browser test (exit 2: no apt here, and that test skips).
+	scripts/ensure-chromium || test $$? -eq 2
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: install

@@ -21,6 +21,8 @@ from pydantic import BaseModel
 from functions.gateway import jsonbodies
 from functions.gateway import openai_wire as oai
 from functions.gateway.routes import rest_wire
+from functions.gateway.routes.openrl_forks import MAX_WAIT as FORK_MAX_WAIT
+from functions.gateway.routes.openrl_live import MAX_HISTORY
 from functions.gateway.routes.openrl_runs import MAX_LIMIT, STATUSES, PREFIX as OPENRL
 from openrl_core.finetune import FULL_FINETUNE_KEY
 from openrl_core.ids import CHECKPOINT_KINDS
@@ -159,6 +161,18 @@ def _cancel_run() -> dict:
     }
 
 
+def _fork() -> dict:
+    return {
+        "type": "object",
+        "required": ["step"],
+        "additionalProperties": False,
+        "properties": {
+            "step": {"type": "integer", "minimum": 0, "description": "completed optim_steps to fork after (at most the run's)"},
+            "wait_seconds": {"type": "number", "minimum": 0, "maximum": FORK_MAX_WAIT, "default": 60},
+        },
+    }
+
+
 @dataclass(frozen=True)
 class Doc:
     errors: tuple[int, ...] = ()  # besides 400 (bad input), 401 (bad key) and 413 (body over the limit)
@@ -250,5 +264,17 @@ ROUTES: dict[tuple[str, str], Doc] = {
         errors=(404, 410), params={"path": TINKER_PATH}, ok_content={"application/x-tar": BINARY}, ok_not_json=True
     ),
     ("DELETE", OPENRL + "/checkpoints"): Doc(errors=(404,), params={"path": TINKER_PATH}),
+    ("GET", OPENRL + "/runs/{run_id}/events"): Doc(
+        errors=(404,),
+        params={"after": {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "null"}]}, "history": {"type": "integer", "minimum": 0, "maximum": MAX_HISTORY}},
+        ok_content={"text/event-stream": {"type": "string"}}, ok_not_json=True,
+    ),  # fmt: skip
+    ("GET", OPENRL + "/runs/{run_id}/sampling"): Doc(errors=(404,)),
+    # 413 also for a body over the route's own 4 KiB; 409: nothing to fork, or a key reused for another step.
+    ("POST", OPENRL + "/runs/{run_id}/fork"): Doc(errors=(404, 409), body_schema=_fork),
+    ("GET", OPENRL + "/timeline"): Doc(params={"since": {"type": "number", "minimum": 0}}),
+    # The dashboard's static files (left out of the description: no API there).
+    ("GET", "/dashboard"): Doc(authenticated=False),
+    ("GET", "/dashboard/{name}"): Doc(errors=(404,), authenticated=False),
     ("GET", OPENRL + "/sessions"): Doc(params={**PAGE, "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}}),
 }

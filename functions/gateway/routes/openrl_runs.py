@@ -82,6 +82,7 @@ def run_json(row) -> dict[str, Any]:
         "created_at": iso(row.created_at),
         "last_activity": iso(row.last_request_time),
         "cancelled_at": iso(row.cancelled_at),
+        "forked_from": {"run": row.forked_from_run, "step": int(row.forked_from_step)} if row.forked_from_run else None,
         "last_checkpoint": row.last_checkpoint,
         "last_sampler_checkpoint": row.last_sampler_checkpoint,
     }

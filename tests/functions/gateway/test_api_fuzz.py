@@ -82,9 +82,9 @@ def test_schemathesis_finds_nothing(server, tmp_path):
     env = dict(os.environ, SCHEMATHESIS_HOOKS=HOOKS, OPENRL_FUZZ_DB=str(server.data_dir / "events.db"))
     run = subprocess.run(command, env=env, cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, timeout=1800)
     summary = json.loads(report.read_text()) if report.exists() else {}
-    cases = summary.get("test_cases", {})
-    print(f"schemathesis: {cases.get('generated')} cases over {summary.get('operations', {}).get('tested')} operations, "
-          f"{cases.get('unique_failures')} unique failures, {len(summary.get('errors', []))} errors")  # fmt: skip
+    cases, operations = summary.get("test_cases") or {}, summary.get("operations") or {}
+    print(f"schemathesis: {cases.get('generated')} cases over {operations.get('tested')} operations, "
+          f"{cases.get('unique_failures')} unique failures, {len(summary.get('errors') or [])} errors")  # fmt: skip
     assert run.returncode == 0, digest(run.stdout) + run.stderr[-5000:]
     assert summary["operations"]["tested"] >= 50 and cases["generated"] >= 50 * EXAMPLES
     assert not summary["failures"] and not summary["errors"]

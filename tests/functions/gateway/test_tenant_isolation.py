@@ -41,6 +41,9 @@ NO_OBJECT_IDS = {
     ("GET", "/api/openrl/v1/runs"): "a list of the caller's own (test_lists_hold_only_the_callers_objects)",
     ("GET", "/api/openrl/v1/sessions"): "a list of the caller's own (test_lists_hold_only_the_callers_objects)",
     ("GET", "/v1/models"): "the catalogue and a list of the caller's own (test_lists_hold_only_the_callers_objects)",
+    ("GET", "/api/openrl/v1/timeline"): "no id; other tenants' entries are redacted (tests/functions/gateway/test_dashboard_api.py)",
+    ("GET", "/dashboard"): "a static page that holds no data",
+    ("GET", "/dashboard/{name}"): "the page's static script and stylesheet",
 }
 OPENRL = "/api/openrl/v1"
 # Tinker features this server refuses for everyone (a 404 that is no lookup, not audited).
@@ -116,6 +119,10 @@ def cases(i: dict[str, str], bob: dict[str, str], seq: Callable[[], int]) -> dic
             ("POST", "/api/v1/copy_weights", {"source_path": i["weights"], "session_id": bob["session"], "model_seq_id": seq()}),
             ("POST", "/api/v1/copy_weights", {"source_path": bob["weights"], "session_id": i["session"], "model_seq_id": 9}),
         ],
+        # OpenRL's own API, the dashboard's and the fork's routes (the rest are below).
+        ("GET", f"{OPENRL}/runs/{{run_id}}/events"): [("GET", f"{OPENRL}/runs/{i['model']}/events", None)],
+        ("GET", f"{OPENRL}/runs/{{run_id}}/sampling"): [("GET", f"{OPENRL}/runs/{i['model']}/sampling", None)],
+        ("POST", "/api/openrl/v1/runs/{run_id}/fork"): [("POST", f"/api/openrl/v1/runs/{i['model']}/fork", {"step": 0, "wait_seconds": 0})],
         # A download link is its own authorisation: bob's valid link moved onto the other
         # tenant's name or blob, and the other tenant's blob under bob's signature.
         ("GET", "/api/v1/downloads/{tenant}/{sha256}/{filename}"): [
@@ -342,6 +349,17 @@ def test_the_operator_key_sees_every_tenant_on_the_openrl_api_and_nothing_elsewh
     assert checked >= 40
     assert rest.request("GET", "/v1/models", key=None, headers={"Authorization": f"Bearer {OPERATOR}"}).status_code == 401
     assert rest.request("POST", "/api/v1/create_session", {"tags": []}, key=OPERATOR).status_code == 401
+
+
+def test_openrl_lists_hold_only_the_callers_objects(rest):
+    alice = alice_objects(rest)
+    bob = bob_objects(rest)
+    for path in (f"{OPENRL}/runs", f"{OPENRL}/sessions", f"{OPENRL}/checkpoints"):
+        text = rest.request("GET", path, key=BOB).text
+        assert not any(value in text for name, value in alice.items() if name != "tenant"), path
+    assert [run["run_id"] for run in rest.ok("GET", f"{OPENRL}/runs", key=BOB)["runs"]] == [bob["model"]]
+    assert [s["session_id"] for s in rest.ok("GET", f"{OPENRL}/sessions", key=BOB)["sessions"]] == [bob["session"]]
+    assert [run["run_id"] for run in rest.ok("GET", f"{OPENRL}/runs")["runs"]] == [alice["model"]]
 
 
 def test_a_download_link_is_bound_to_its_tenant_blob_and_expiry(rest):
