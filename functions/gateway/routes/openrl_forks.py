@@ -74,6 +74,8 @@ def parse_body(raw: bytes) -> tuple[int, float]:
     if unknown:
         raise InvalidRequest(f"unknown field(s) {unknown}; a fork takes step and wait_seconds")
     step, wait = body["step"], body.get("wait_seconds", DEFAULT_WAIT)
+    if isinstance(step, float) and step.is_integer():
+        step = int(step)  # 3.0 is the integer 3 in JSON (and in the route's JSON Schema)
     if isinstance(step, bool) or not isinstance(step, int):
         raise InvalidRequest(f"step must be an integer (a count of completed optim_steps), got {step!r}")
     if step < 0:
