@@ -306,10 +306,16 @@ class EmbeddedConsumer:
         index = group.members.index(self)
         mine = [tp for i, tp in enumerate(everything) if i % len(group.members) == index]
         committed = self.committed()
-        # Like Kafka's eager rebalance: every assigned partition restarts from the group's
-        # committed offset, so records polled but not committed are delivered again.
+        # A partition this member already had keeps its position (like Kafka's cooperative
+        # sticky assignment): a new topic elsewhere must not hand a worker again everything it
+        # polled but holds uncommitted (a trainer holds a model's offsets while it waits for
+        # an earlier seq_id), which it would answer twice. A partition that comes from another
+        # member starts at the group's committed offset, so what that member polled but did
+        # not commit is delivered again (at-least-once).
+        held = self._positions
         self._positions = {
-            tp: committed.get(tp, 0 if self._from_beginning else self._log._next.get(tp, 0)) for tp in mine
+            tp: held[tp] if tp in held else committed.get(tp, 0 if self._from_beginning else self._log._next.get(tp, 0))
+            for tp in mine
         }
 
     def _fetch(self, max_records: int) -> list[Record]:

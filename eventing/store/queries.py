@@ -6,10 +6,11 @@ found: the caller answers 404 exactly as for an id that never existed.
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime, timezone
 from typing import Any, Optional
 
-from sqlalchemy import func, insert, or_, select
+from sqlalchemy import bindparam, func, insert, or_, select
 from sqlalchemy.engine import Engine, Row
 
 from eventing.store import tables as t
@@ -32,14 +33,21 @@ def _page(engine: Engine, query, limit: Optional[int], offset: int) -> tuple[lis
     return rows, int(total)
 
 
+@functools.lru_cache(maxsize=None)
+def _lookup(table, keys: tuple[str, ...]):
+    """A tenant-scoped lookup by `keys`, built once with bind parameters: every request looks
+    up its run, session or future, and building a statement per call cost more than running it."""
+    return select(table).where(table.c.tenant == bindparam("b_tenant"), *(table.c[name] == bindparam(f"b_{name}") for name in keys))
+
+
 class Projections:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
     def _one(self, table, tenant: str, **keys) -> Optional[Row]:
-        query = select(table).where(table.c.tenant == tenant, *(table.c[name] == value for name, value in keys.items()))
+        params = {"b_tenant": tenant, **{f"b_{name}": value for name, value in keys.items()}}
         with self.engine.connect() as conn:
-            return conn.execute(query).first()
+            return conn.execute(_lookup(table, tuple(keys)), params).first()
 
     def future(self, tenant: str, request_id: str) -> Optional[Row]:
         return self._one(t.futures, tenant, request_id=request_id)

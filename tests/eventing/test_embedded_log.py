@@ -129,3 +129,21 @@ def test_a_write_after_close_raises(tmp_path):
     log.close()
     with pytest.raises(Exception, match="closed"):
         log.publish("t", message("k", 0))
+
+
+def test_a_new_topic_does_not_hand_a_member_its_uncommitted_records_again(tmp_path):
+    """A pattern subscriber re-syncs when a topic appears; the partitions it keeps keep their
+    positions (a trainer holding a model's offsets would otherwise run those requests twice)."""
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    consumer = log.consumer("g", pattern=r"tenant\..*")
+    for n in range(3):
+        log.publish("tenant.a", message("k", n))
+    assert [r.offset for r in consumer.poll(timeout=0.2)] == [0, 1, 2]  # polled, not committed
+    log.publish("tenant.b", message("k", 0))  # a new topic: the group re-syncs
+    again = consumer.poll(timeout=0.2)
+    assert [(r.topic, r.offset) for r in again] == [("tenant.b", 0)]
+    # A member that takes the partition over still gets what was never committed.
+    consumer.close()
+    successor = log.consumer("g", pattern=r"tenant\..*")
+    assert sorted((r.topic, r.offset) for r in successor.poll(timeout=0.2)) == [("tenant.a", 0), ("tenant.a", 1), ("tenant.a", 2), ("tenant.b", 0)]
+    log.close()

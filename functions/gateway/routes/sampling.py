@@ -140,8 +140,10 @@ async def asample(request: Request, ctx: GatewayContext = Depends(get_ctx), tena
 def _prompt_tokens(body: SampleRequest) -> list[int]:
     tokens: list[int] = []
     for index, chunk in enumerate(body.prompt.chunks):
-        if chunk.type != "encoded_text" or chunk.tokens is None:
+        if chunk.type != "encoded_text":
             raise InvalidRequest(f"prompt.chunks[{index}] is a {chunk.type!r} chunk; only text models are served")
+        if chunk.tokens is None:
+            raise InvalidRequest(f"prompt.chunks[{index}] is an encoded_text chunk without tokens")
         tokens.extend(chunk.tokens)
     return tokens
 
