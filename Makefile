@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast demo bench serve models clean compat
+.PHONY: install test test-fast demo bench serve models clean compat fuzz
 
 install: $(STAMP)
 
@@ -28,6 +28,8 @@ $(STAMP): pyproject.toml constraints.txt
 TEST_WORKERS ?= 2
 test: install
 	scripts/ensure-postgres
+	# Chromium for the dashboard's browser test (exit 2: no apt here, and that test skips).
+	scripts/ensure-chromium || test $$? -eq 2
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: install
@@ -35,6 +37,14 @@ test-fast: install
 
 demo: install
 	scripts/demo
+
+# The API fuzz run of `make test`, long: schemathesis with 200 cases per operation and its
+# stateful phase, 300 random protobuf bodies and every truncation of a real one
+# (tests/functions/gateway/test_api_fuzz.py). FUZZ_SEED picks another draw.
+FUZZ_EXAMPLES ?= 200
+FUZZ_SEED ?= 1
+fuzz: install
+	OPENRL_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) OPENRL_FUZZ_SEED=$(FUZZ_SEED) $(PY) -m pytest -q -s -p no:cacheprovider tests/functions/gateway/test_api_fuzz.py
 
 bench: install
 	$(PY) bench/fwdbwd_roundtrip.py

@@ -4,6 +4,10 @@ Blobs hold what is too large for an event: batches, results, adapters, optimizer
 A blob's name is its SHA-256, so writing the same bytes twice is free and a reference can
 never point at changed content; reads verify the hash. Writes go to a temporary file that
 is renamed into place, so a reader never sees half a blob.
+
+Blobs nothing references are collected (`functions/collector`), but never one younger
+than a grace period, by its modification time: so `put` of bytes already stored touches
+the file, and a blob a writer has just (re)used is not swept before its record is stored.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import hashlib
 import os
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 from openrl_core.errors import NotFound, ServerError
 from openrl_core.events.lifecycle import BlobRef
@@ -26,7 +31,9 @@ class BlobStore:
     def put(self, tenant: str, data: bytes) -> BlobRef:
         digest = hashlib.sha256(data).hexdigest()
         path = self._path(tenant, digest)
-        if not path.exists():
+        try:
+            os.utime(path)  # already stored: now counts as just written (see the docstring)
+        except FileNotFoundError:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
             try:
@@ -56,6 +63,46 @@ class BlobStore:
 
     def delete(self, tenant: str, ref: BlobRef) -> None:
         self._path(tenant, ref.sha256).unlink(missing_ok=True)
+
+    def delete_if_older(self, tenant: str, digest: str, before: float) -> bool:
+        """Delete a blob last written before `before` (unix time); whether it was deleted."""
+        path = self._path(tenant, digest)
+        try:
+            if path.stat().st_mtime > before:
+                return False
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
+    def tenants(self) -> list[str]:
+        """Tenants that have a blob tree."""
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir())
+
+    def stored(self, tenant: str) -> Iterator[tuple[str, float]]:
+        """(digest, modification time) of every blob of a tenant."""
+        check_tenant_name(tenant)
+        for shard in sorted((self.root / tenant).glob("??")):
+            for path in shard.iterdir():
+                if path.name.startswith(".tmp-"):
+                    continue
+                try:
+                    yield path.name, path.stat().st_mtime
+                except FileNotFoundError:  # deleted meanwhile
+                    continue
+
+    def remove_unfinished(self, tenant: str, before: float) -> int:
+        """Delete temporary files of writes that died (last modified before `before`)."""
+        check_tenant_name(tenant)
+        removed = 0
+        for path in (self.root / tenant).glob("??/.tmp-*"):
+            try:
+                if path.stat().st_mtime < before:
+                    path.unlink()
+                    removed += 1
+            except FileNotFoundError:
+                continue
+        return removed
 
     def _path(self, tenant: str, digest: str) -> Path:
         check_tenant_name(tenant)

@@ -6,6 +6,13 @@ redelivery of everything uncommitted after a restart. Records and offsets live i
 (WAL, and `synchronous=FULL` unless told otherwise, so an acknowledged append survives a
 crash of the process). Group membership lives in this process: the embedded deployment is
 one process; a second process may read the log but not join its groups.
+
+Writes are group-committed: appends and offset commits from every thread queue up, and one
+of the waiting threads writes the whole queue in one transaction (one fsync) while the others
+wait for it. Nobody returns before its write is durable, so the promise above holds; under
+load the transactions, the fsyncs and the lock hold times are shared instead of paid per
+write, and a lone writer still commits at once (no linger). Records become visible to
+consumers only once committed, with offsets assigned in commit order.
 """
 
 from __future__ import annotations
@@ -46,14 +53,37 @@ def partition_for(key: Optional[bytes], partitions: int, counter: int) -> int:
     return zlib.crc32(key) % partitions
 
 
+class _Write:
+    """One queued write (an append or a group's offsets) and, once written, its outcome."""
+
+    __slots__ = ("topic", "message", "offsets", "record", "error", "done")
+
+    def __init__(self, topic=None, message=None, offsets=None) -> None:
+        self.topic, self.message, self.offsets = topic, message, offsets
+        self.record: Optional[Record] = None
+        self.error: Optional[BaseException] = None
+        self.done = False
+
+
+def _connect(path: Path, fsync: bool) -> sqlite3.Connection:
+    conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={'FULL' if fsync else 'NORMAL'}")
+    conn.execute("PRAGMA busy_timeout=5000")
+    return conn
+
+
 class EmbeddedLog:
     def __init__(self, path: Path, partitions: int = 4, fsync: bool = True) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute(f"PRAGMA synchronous={'FULL' if fsync else 'NORMAL'}")
-        self._conn.execute("PRAGMA busy_timeout=5000")
+        # Two connections: consumers read through `_conn` (under `_lock`) while a group commit
+        # writes through `_writer` (under `_write_lock` only); WAL lets the reads go on.
+        self._conn = _connect(path, fsync)
         self._conn.executescript(_SCHEMA)
+        self._writer = _connect(path, fsync)
+        self._queue: list[_Write] = []
+        self._queue_lock = threading.Lock()
+        self._write_lock = threading.Lock()
         self._lock = threading.RLock()
         self._appended = threading.Condition(self._lock)
         self._default_partitions = partitions
@@ -69,28 +99,88 @@ class EmbeddedLog:
     # -- producing ------------------------------------------------------------------------
 
     def publish(self, topic: str, message: Message) -> Record:
-        with self._lock:
-            partitions = self._ensure_topic(topic)
-            self._unkeyed += 1
-            partition = partition_for(message.key, partitions, self._unkeyed)
-            offset = self._next.get((topic, partition), 0)
-            now = time.time()
-            headers = json.dumps({k: v.decode("latin-1") for k, v in message.headers.items()})
-            self._conn.execute(
-                "INSERT INTO records (topic, partition, offset, key, headers, value, ts) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (topic, partition, offset, message.key, headers, message.value, now),
-            )
-            self._next[(topic, partition)] = offset + 1
-            self._appended.notify_all()
-        return Record(topic, partition, offset, message, now)
+        """Append; returns once the record is durable (and visible to consumers)."""
+        return self._commit(_Write(topic=topic, message=message)).record  # type: ignore[return-value]
 
-    def _ensure_topic(self, topic: str) -> int:
-        if topic not in self._topics:
-            self._conn.execute("INSERT OR IGNORE INTO topics VALUES (?, ?)", (topic, self._default_partitions))
-            self._topics[topic] = self._default_partitions
-            for group in self._groups.values():
-                group.generation += 1  # pattern subscribers must pick the new topic up
-        return self._topics[topic]
+    def _commit(self, write: _Write) -> _Write:
+        with self._queue_lock:
+            self._queue.append(write)
+        with self._write_lock:
+            # Whoever holds the write lock writes everything queued so far: a write queued
+            # while the previous batch was being written goes in the next batch, and its
+            # thread finds it done (written by another) when its turn comes.
+            if not write.done:
+                with self._queue_lock:
+                    batch, self._queue = self._queue, []
+                self._write_batch(batch)
+        if write.error is not None:
+            raise write.error
+        return write
+
+    def _write_batch(self, batch: list[_Write]) -> None:
+        """One transaction for the batch. Offsets come from the committed ends (only this
+        thread writes), and the in-memory ends move only after the commit succeeded."""
+        with self._lock:
+            if self._closed:
+                error: Optional[BaseException] = sqlite3.ProgrammingError("the log is closed")
+                return self._finish(batch, error)
+            known = dict(self._topics)
+            ends: dict[TopicPartition, int] = {}
+        new_topics, rows, records = [], [], []
+        now = time.time()
+        for write in batch:
+            if write.message is None:
+                continue
+            if write.topic not in known:
+                known[write.topic] = self._default_partitions
+                new_topics.append(write.topic)
+            self._unkeyed += 1
+            tp = (write.topic, partition_for(write.message.key, known[write.topic], self._unkeyed))
+            offset = ends.get(tp, self._next.get(tp, 0))
+            ends[tp] = offset + 1
+            headers = json.dumps({k: v.decode("latin-1") for k, v in write.message.headers.items()})
+            rows.append((tp[0], tp[1], offset, write.message.key, headers, write.message.value, now))
+            records.append((write, Record(tp[0], tp[1], offset, write.message, now)))
+        offsets = [row for write in batch if write.offsets is not None for row in write.offsets]
+        try:
+            self._writer.execute("BEGIN IMMEDIATE")
+            try:
+                self._writer.executemany("INSERT OR IGNORE INTO topics VALUES (?, ?)", [(t, known[t]) for t in new_topics])
+                self._writer.executemany(
+                    "INSERT INTO records (topic, partition, offset, key, headers, value, ts) VALUES (?, ?, ?, ?, ?, ?, ?)", rows
+                )
+                self._writer.executemany(
+                    "INSERT INTO commits (grp, topic, partition, next_offset) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT (grp, topic, partition) DO UPDATE SET next_offset = excluded.next_offset",
+                    offsets,
+                )
+                self._writer.execute("COMMIT")
+            except BaseException:
+                if self._writer.in_transaction:
+                    self._writer.execute("ROLLBACK")
+                raise
+        except Exception as exc:  # nothing of the batch was written
+            if len(batch) > 1:  # one bad write must not fail its neighbours: each alone
+                for write in batch:
+                    self._write_batch([write])
+                return None
+            with self._lock:
+                return self._finish(batch, exc)
+        with self._lock:
+            for topic in new_topics:
+                self._topics[topic] = known[topic]
+                for group in self._groups.values():
+                    group.generation += 1  # pattern subscribers must pick the new topic up
+            self._next.update(ends)
+            for write, record in records:
+                write.record = record
+            self._finish(batch, None)
+            self._appended.notify_all()
+
+    @staticmethod
+    def _finish(batch: list[_Write], error: Optional[BaseException]) -> None:
+        for write in batch:
+            write.error, write.done = error, True
 
     # -- consuming ------------------------------------------------------------------------
 
@@ -119,10 +209,11 @@ class EmbeddedLog:
             return dict(self._topics)
 
     def close(self) -> None:
-        with self._lock:
+        with self._write_lock, self._lock:  # not in the middle of a group commit
             self._closed = True
             self._appended.notify_all()
             self._conn.close()
+            self._writer.close()
 
     def _leave(self, consumer: "EmbeddedConsumer") -> None:
         with self._lock:
@@ -182,15 +273,12 @@ class EmbeddedConsumer:
         return []
 
     def commit(self, offsets: Optional[dict[TopicPartition, int]] = None) -> None:
+        """Store the group's offsets; returns once they are durable (group-committed)."""
         with self._log._lock:
             if self._closed:
                 return
             chosen = dict(self._positions) if offsets is None else offsets
-            self._log._conn.executemany(
-                "INSERT INTO commits (grp, topic, partition, next_offset) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (grp, topic, partition) DO UPDATE SET next_offset = excluded.next_offset",
-                [(self.group, t, p, o) for (t, p), o in chosen.items()],
-            )
+        self._log._commit(_Write(offsets=[(self.group, t, p, o) for (t, p), o in chosen.items()]))
 
     def committed(self) -> dict[TopicPartition, int]:
         with self._log._lock:
@@ -218,10 +306,16 @@ class EmbeddedConsumer:
         index = group.members.index(self)
         mine = [tp for i, tp in enumerate(everything) if i % len(group.members) == index]
         committed = self.committed()
-        # Like Kafka's eager rebalance: every assigned partition restarts from the group's
-        # committed offset, so records polled but not committed are delivered again.
+        # A partition this member already had keeps its position (like Kafka's cooperative
+        # sticky assignment): a new topic elsewhere must not hand a worker again everything it
+        # polled but holds uncommitted (a trainer holds a model's offsets while it waits for
+        # an earlier seq_id), which it would answer twice. A partition that comes from another
+        # member starts at the group's committed offset, so what that member polled but did
+        # not commit is delivered again (at-least-once).
+        held = self._positions
         self._positions = {
-            tp: committed.get(tp, 0 if self._from_beginning else self._log._next.get(tp, 0)) for tp in mine
+            tp: held[tp] if tp in held else committed.get(tp, 0 if self._from_beginning else self._log._next.get(tp, 0))
+            for tp in mine
         }
 
     def _fetch(self, max_records: int) -> list[Record]:

@@ -6,6 +6,8 @@ operator's. By default it prints a table; with `--json` it prints the server's J
 (one object with a `schema` field, numbers as numbers; `runs show --metrics --json` prints
 one object per optim_step per line). An error exits 1 and, with `--json`, prints
 `{"schema": "openrl.error.v1", "status": ..., "detail": ...}`; without, the detail on stderr.
+`runs fork RUN --at-step N` waits for the fork to be rebuilt (`--wait`) and exits 1 unless it
+is ready (its `openrl.fork.v1` answer, with `status`, is printed with `--json` either way).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import argparse
 import json
 import os
 import sys
+import time
+import uuid
 from pathlib import Path
 from typing import Any, Optional
 
@@ -22,6 +26,7 @@ import httpx
 COMMANDS = ("runs", "checkpoints", "sessions")
 API = "/api/openrl/v1"
 DEFAULT_URL = "http://127.0.0.1:8000"
+FORK_POLL = 50.0  # seconds one fork request waits on the server, under the client's 60 s timeout
 
 
 class ApiError(Exception):
@@ -36,7 +41,7 @@ def add_commands(commands) -> None:
         parser.add_argument("--api-key", default=None, help="a tenant's or the operator's key (default $TINKER_API_KEY)")
         parser.add_argument("--json", action="store_true", help="print the server's JSON (schema-versioned) instead of a table")
 
-    runs = commands.add_parser("runs", help="training runs on a server: list, show (--metrics), cancel")
+    runs = commands.add_parser("runs", help="training runs on a server: list, show (--metrics), cancel, fork")
     verbs = runs.add_subparsers(dest="verb", required=True)
     listing = verbs.add_parser("list", help="runs with status, base model, LoRA or full, steps, last activity")
     listing.add_argument("--status", default=None, help="only runs with this status (active, finished, cancelled, ...)")
@@ -47,9 +52,10 @@ def add_commands(commands) -> None:
     cancel = verbs.add_parser("cancel", help="cancel a run: its pending requests fail, its trainer state is dropped")
     cancel.add_argument("run_id")
     cancel.add_argument("--reason", default=None, help="recorded in the cancellation event and the failed futures")
-    fork = verbs.add_parser("fork", help="(not yet offered) a new run from RUN's state at a step")
+    fork = verbs.add_parser("fork", help="a new run whose weights and optimizer are RUN's right after its N-th optim_step")
     fork.add_argument("run_id")
-    fork.add_argument("--at-step", type=int, default=None)
+    fork.add_argument("--at-step", type=int, required=True, help="N: 0 (as created) up to the run's completed steps")
+    fork.add_argument("--wait", type=float, default=600.0, help="seconds to wait for the rebuild (default 600)")
     for parser in (listing, show, cancel, fork):
         client_options(parser)
 
@@ -74,8 +80,6 @@ def add_commands(commands) -> None:
 
 def run(args: argparse.Namespace, out=None) -> int:
     out = out or sys.stdout
-    if args.command == "runs" and args.verb == "fork":
-        return _fail(args, out, 501, "openrl runs fork is not offered yet")
     url = (args.url or os.environ.get("TINKER_BASE_URL") or DEFAULT_URL).rstrip("/")
     key = args.api_key or os.environ.get("TINKER_API_KEY")
     if not key:
@@ -132,6 +136,8 @@ def table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
 def _cell(value: Any) -> str:
     if value is None:
         return "-"
+    if isinstance(value, dict) and set(value) == {"run", "step"}:  # a fork's origin
+        return f"{value['run']} at step {value['step']}"
     if isinstance(value, float):
         return f"{value:.6g}"
     if isinstance(value, str) and len(value) >= 19 and value[10:11] == "T":
@@ -187,6 +193,34 @@ def _runs_cancel(client, args, out) -> int:
     return _emit(args, out, answer, text)
 
 
+def _runs_fork(client, args, out) -> int:
+    """Waits in long-polls of at most FORK_POLL seconds: the same request again (same
+    idempotency key) waits on the same fork, never starting a second one."""
+    deadline = time.monotonic() + max(args.wait, 0.0)
+    headers = {"X-Idempotency-Key": uuid.uuid4().hex}
+    while True:
+        wait = min(FORK_POLL, max(deadline - time.monotonic(), 0.0))
+        body = {"step": args.at_step, "wait_seconds": round(wait, 3)}
+        answer = _check(client.post(f"/runs/{args.run_id}/fork", json=body, headers=headers)).json()
+        if answer["status"] != "creating" or time.monotonic() >= deadline:
+            break
+    origin = answer["forked_from"]
+    if answer["status"] == "ready":
+        text = (f"forked {origin['run']} at step {origin['step']} as {answer['run_id']}\n"
+                f"state (weights and optimizer): {answer['tinker_path']}\n"
+                f"load it with create_training_client_from_state_with_optimizer({answer['tinker_path']!r})")  # fmt: skip
+        return _emit(args, out, answer, text)
+    if answer["status"] == "creating":
+        detail = f"fork {answer['run_id']} is still being rebuilt after {args.wait:.0f} s; see openrl runs show {answer['run_id']}"
+    else:
+        detail = f"fork {answer['run_id']} of {origin['run']} at step {origin['step']} {answer['status']}: {answer['error']}"
+    if args.json:
+        print(json.dumps(answer), file=out)
+    else:
+        print(f"openrl runs fork: {detail}", file=sys.stderr)
+    return 1
+
+
 def _checkpoints_list(client, args, out) -> int:
     answer = _get(client, "/checkpoints", run_id=args.run_id)
     return _emit(args, out, answer, table(answer["checkpoints"], CHECKPOINT_COLUMNS))
@@ -228,6 +262,7 @@ HANDLERS = {
     ("runs", "list"): _runs_list,
     ("runs", "show"): _runs_show,
     ("runs", "cancel"): _runs_cancel,
+    ("runs", "fork"): _runs_fork,
     ("checkpoints", "list"): _checkpoints_list,
     ("checkpoints", "download"): _checkpoints_download,
     ("checkpoints", "delete"): _checkpoints_delete,

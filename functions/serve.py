@@ -89,6 +89,16 @@ class Node:
             # Checkpoint TTLs: expired records and the blobs only they used are removed periodically.
             self._loops.append(("reaper", Reaper(self.ctx, settings.checkpoint_reaper_seconds)))
             self._loops.append(("outbox", OutboxRelay(self.ctx)))
+            if settings.blob_collector_seconds > 0:
+                from functions.collector import BlobCollector, CollectorLoop
+
+                # The gateway holds the event store and the blob store: the records and the files.
+                snapshots = SnapshotStore(settings.data_dir / "snapshots", rt.blobs)
+                collector = BlobCollector(
+                    self.ctx.projections, rt.blobs, settings.sampler_versions_kept, settings.blob_grace_seconds,
+                    pinned=[snapshots.referenced],
+                )  # fmt: skip
+                self._loops.append(("collector", CollectorLoop(collector, settings.blob_collector_seconds)))
         if "projector" in self.roles:
             self._loops.append(("projector", Projector(rt.bus, rt.store, rt.notifier, instance_id=self._instance_id("projector"))))
         if "trainer" in self.roles:
@@ -103,6 +113,7 @@ class Node:
                 pack=settings.trainer_packing, pack_linger=settings.trainer_pack_linger_ms / 1000, pack_max_tokens=settings.trainer_pack_max_tokens,
                 pack_max_rows=settings.trainer_pack_max_rows,
                 pack_max_shared_bytes=settings.trainer_pack_max_shared_mib << 20,
+                release_memory=settings.release_host_memory,
             )  # fmt: skip
             self.trainer = TrainerWorker(
                 rt.bus, rt.publisher, rt.blobs, rt.models, slicer("trainer"), settings.device,
@@ -118,6 +129,8 @@ class Node:
                 rt.bus, rt.publisher, rt.blobs, rt.models, slicer("sampler"), settings.device,
                 settings.sampler_max_batch_rows, settings.sampler_max_adapters, base_models=base_models,
                 instance_id=self._instance_id("sampler"), max_full_models=settings.sampler_max_full_models,
+                share_base=settings.share_base_weights, release_memory=settings.release_host_memory,
+                max_run_versions=settings.sampler_versions_kept,
                 **engine_options(settings),
             )  # fmt: skip
             self._loops.append(("sampler", self.sampler))

@@ -19,7 +19,14 @@ class ValueObject(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+# LoraConfig's validator as JSON Schema (for the gateway's OpenAPI description): not every
+# train_* flag false.
+TRAIN_FLAGS = ("train_unembed", "train_mlp", "train_attn")
+NOTHING_TRAINS = {"required": list(TRAIN_FLAGS), "properties": {name: {"const": False} for name in TRAIN_FLAGS}}
+
+
 class LoraConfig(ValueObject):
+    model_config = ConfigDict(frozen=True, extra="forbid", json_schema_extra={"not": NOTHING_TRAINS})
     rank: int = Field(32, ge=1, le=MAX_LORA_RANK, description="LoRA rank")
     seed: Optional[int] = Field(None, description="seed of the adapter's initialisation")
     train_unembed: bool = True
@@ -59,7 +66,8 @@ class SamplingParams(ValueObject):
     # (as vLLM does); [] is the one way to ask for no stop at all, not even EOS.
     stop: StopSpec = None
     temperature: float = Field(1.0, ge=0.0)
-    top_k: int = -1
+    # -1 or a positive count (the validator below); stated in the JSON Schema as well.
+    top_k: int = Field(-1, json_schema_extra={"anyOf": [{"const": -1}, {"minimum": 1}]})
     top_p: float = Field(1.0, gt=0.0, le=1.0)
 
     @field_validator("top_k")

@@ -81,7 +81,25 @@ class Settings(BaseSettings):
     )
     sampler_max_batch_rows: int = Field(64, ge=1, description="rows (prompts x samples) one sampler batch may hold")
     sampler_max_adapters: int = Field(16, ge=1, description="adapters a sampler keeps loaded per base model (LRU)")
+    share_base_weights: bool = Field(
+        True,
+        description="one process running the LoRA trainer and the sampler keeps one copy of a base model's frozen "
+        "weights for both (full fine-tuning weights are never shared)",
+    )
+    release_host_memory: bool = Field(
+        True, description="trainer and sampler: return memory a pass freed to the system (glibc malloc_trim) after it"
+    )
     max_request_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="largest request body the gateway reads")
+    blob_collector_seconds: float = Field(
+        300.0, ge=0, description="how often blobs no record needs any more are deleted (0: never); see functions/collector"
+    )
+    blob_grace_seconds: float = Field(
+        600.0, ge=0, description="the blob collector never deletes a blob written less than this many seconds ago"
+    )
+    sampler_versions_kept: int = Field(
+        4, ge=1, description="newest ephemeral sampler versions (save_weights_and_get_sampling_client) of a training run "
+        "whose weights stay while its session is open; older ones are collected and answer 410",
+    )
     # -- per-tenant quotas (see openrl_core/quotas.py); over one a submission gets a 429 ----
     quota_requests_in_flight: Optional[int] = Field(
         None, ge=1, description="per tenant: submitted requests (futures) not yet finished; unset: no limit"

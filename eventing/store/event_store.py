@@ -209,6 +209,10 @@ class EventStore:
             ).all()
         return [(row.position, self._row_to_event(row), _dedup_of(row)) for row in rows]
 
+    def event_of(self, row) -> Event:
+        """The event of a row of the events table (read by a query of the caller's own)."""
+        return self._row_to_event(row)
+
     def _row_to_event(self, row) -> Event:
         claim = BlobRef(sha256=row.claim_sha256, size=row.claim_size) if row.claim_sha256 else None
         return Event(

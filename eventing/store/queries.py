@@ -6,14 +6,16 @@ found: the caller answers 404 exactly as for an id that never existed.
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime, timezone
 from typing import Any, Optional
 
-from sqlalchemy import func, insert, or_, select
+from sqlalchemy import bindparam, func, insert, or_, select
 from sqlalchemy.engine import Engine, Row
 
 from eventing.store import tables as t
 from eventing.store.projections import utc
+from openrl_core.retention import SamplerVersion, live_sampler_versions
 
 
 def _live(now: datetime):
@@ -31,14 +33,21 @@ def _page(engine: Engine, query, limit: Optional[int], offset: int) -> tuple[lis
     return rows, int(total)
 
 
+@functools.lru_cache(maxsize=None)
+def _lookup(table, keys: tuple[str, ...]):
+    """A tenant-scoped lookup by `keys`, built once with bind parameters: every request looks
+    up its run, session or future, and building a statement per call cost more than running it."""
+    return select(table).where(table.c.tenant == bindparam("b_tenant"), *(table.c[name] == bindparam(f"b_{name}") for name in keys))
+
+
 class Projections:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
     def _one(self, table, tenant: str, **keys) -> Optional[Row]:
-        query = select(table).where(table.c.tenant == tenant, *(table.c[name] == value for name, value in keys.items()))
+        params = {"b_tenant": tenant, **{f"b_{name}": value for name, value in keys.items()}}
         with self.engine.connect() as conn:
-            return conn.execute(query).first()
+            return conn.execute(_lookup(table, tuple(keys)), params).first()
 
     def future(self, tenant: str, request_id: str) -> Optional[Row]:
         return self._one(t.futures, tenant, request_id=request_id)
@@ -146,6 +155,49 @@ class Projections:
         )
         with self.engine.connect() as conn:
             return list(conn.execute(query))
+
+    def checkpoint_blobs(self, tenant: str) -> set[str]:
+        """Hashes of every checkpoint record's files (expired or not: the reaper removes those)."""
+        digests: set[str] = set()
+        with self.engine.connect() as conn:
+            for (files,) in conn.execute(select(t.checkpoints.c.files).where(t.checkpoints.c.tenant == tenant)):
+                digests.update(ref["sha256"] for ref in (files or {}).values())
+        return digests
+
+    def sampler_versions(self, tenant: str) -> list[Row]:
+        """Every sampling session of a tenant with its weights and whether its client session
+        finished (`session_finished_at`): what the blob collector's retention rules read."""
+        sessions, samplers = t.sessions, t.sampling_sessions
+        query = (
+            select(samplers, sessions.c.finished_at.label("session_finished_at"))
+            .select_from(samplers.outerjoin(sessions, sessions.c.session_id == samplers.c.session_id))
+            .where(samplers.c.tenant == tenant)
+        )
+        with self.engine.connect() as conn:
+            return list(conn.execute(query))
+
+    def live_samplers(self, tenant: str, keep_per_run: int) -> list[Row]:
+        """The sampling sessions whose weights stay (`openrl_core.retention.live_sampler_versions`)."""
+        rows = self.sampler_versions(tenant)
+        versions = [
+            SamplerVersion(
+                sampling_session_id=row.sampling_session_id,
+                run_id=row.run_id,
+                created_at=row.created_at,
+                from_checkpoint=row.model_path is not None,
+                session_finished=row.session_finished_at is not None,
+                closed=row.closed_at is not None,
+            )
+            for row in rows
+        ]
+        live = live_sampler_versions(versions, keep_per_run)
+        return [row for row in rows if row.sampling_session_id in live]
+
+    def event_claims(self, tenant: str) -> set[str]:
+        """Hashes of the payloads stored events hold by reference (claim checks)."""
+        query = select(t.events.c.claim_sha256).where(t.events.c.tenant == tenant, t.events.c.claim_sha256.is_not(None)).distinct()
+        with self.engine.connect() as conn:
+            return {digest for (digest,) in conn.execute(query)}
 
     def referenced_blobs(self, tenant: str) -> set[str]:
         """Hashes that a checkpoint record (expired or not) or a sampling session points at.

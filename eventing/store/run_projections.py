@@ -18,6 +18,12 @@ future of the run, and of each sampling session that samples its weights, ends C
 with category `user` and a message that starts with "cancelled"; those sampling sessions
 are closed. Cancelling a cancelled run changes nothing. All of it is a fold of the events,
 so replay rebuilds it exactly.
+
+Forks (`training.fork.requested`): the new run's row (state `creating`, with its parent and
+step in `forked_from_run` / `forked_from_step`) and, when the gateway made one for it, its
+own session (tagged `fork`, in the parent's project). The completion makes the run `ready`
+and records the checkpoint the trainer saved of its state; a failure makes it `failed`.
+A completion that finds the future already ended (a redelivery) records nothing.
 """
 
 from __future__ import annotations
@@ -25,13 +31,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Optional
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.engine import Connection
 
 from eventing.store import tables as t
-from eventing.store.projections import _future, handles, utc
+from eventing.store.projections import _future, _insert_run, _touch_run, _upsert_checkpoint, handles, utc
 from openrl_core.events import Event
 from openrl_core.events import training as training_events
+from openrl_core.events.lifecycle import RequestFailed
 from openrl_core.futures import FutureState, is_terminal
 
 OPEN = (FutureState.PENDING.value, FutureState.RUNNING.value)
@@ -51,13 +58,22 @@ def _earliest(*moments: Optional[datetime]) -> Optional[datetime]:
     return min(known) if known else None
 
 
+# Built once with bind parameters: every training completion runs these, and building and
+# compiling a statement per event cost more than running it (as in `projections`).
+_REQUEST = select(t.futures.c.state, t.futures.c.model_id, t.futures.c.created_at).where(
+    t.futures.c.request_id == bindparam("b_request_id")
+)
+_OPEN_STEP = select(t.run_steps).where(t.run_steps.c.model_id == bindparam("b_model_id"), t.run_steps.c.completed_at.is_(None))
+_LAST_STEP = select(func.max(t.run_steps.c.step)).where(t.run_steps.c.model_id == bindparam("b_model_id"))
+_STEP_INSERT = insert(t.run_steps)
+_STEP_UPDATE = update(t.run_steps).where(
+    t.run_steps.c.model_id == bindparam("b_model_id"), t.run_steps.c.step == bindparam("b_step")
+)
+
+
 @handles(training_events.FORWARD_BACKWARD["completed"], training_events.OPTIM_STEP["completed"])
 def _step_progress(conn: Connection, event: Event) -> None:
-    request = conn.execute(
-        select(t.futures.c.state, t.futures.c.model_id, t.futures.c.created_at).where(
-            t.futures.c.request_id == event.data.request_id
-        )
-    ).first()
+    request = conn.execute(_REQUEST, {"b_request_id": event.data.request_id}).first()
     _future(conn, event)
     if request is None or is_terminal(FutureState(request.state)):
         return  # unknown, or already ended (a redelivery, or a cancelled run's late work)
@@ -66,51 +82,40 @@ def _step_progress(conn: Connection, event: Event) -> None:
     optim = event.verb == "optim_step"
     if not optim and details.get("forward_only"):
         return
-    step = _open_step(conn, event.tenant, request.model_id, utc(request.created_at), _moment(details.get("started")))
-    key = (t.run_steps.c.model_id == request.model_id) & (t.run_steps.c.step == step.step)
+    model_id, requested, started = request.model_id, utc(request.created_at), _moment(details.get("started"))
+    row = conn.execute(_OPEN_STEP, {"b_model_id": model_id}).first()
+    if row is None:  # the step's first request to complete opens it
+        last = conn.execute(_LAST_STEP, {"b_model_id": model_id}).scalar()
+        step, loss, tokens, calls = (last or 0) + 1, None, 0, 0
+        values: dict = dict(first_request_at=requested, started_at=started)
+    else:
+        step, loss, tokens, calls = row.step, row.loss, row.tokens, row.forward_backward
+        values = {}
+        first, begun = _earliest(row.first_request_at, requested), _earliest(row.started_at, started)
+        if first != utc(row.first_request_at) or begun != utc(row.started_at):
+            values.update(first_request_at=first, started_at=begun)
     if optim:
-        values = dict(
+        values.update(
             completed_at=event.time,
             learning_rate=_number(metrics.get("optim/lr")),
             grad_norm=_number(metrics.get("optim/grad_norm")),
             metrics=dict(metrics),
         )
     else:
-        loss = _number(metrics.get("loss:sum"))
-        values = dict(
-            loss=step.loss if loss is None else (step.loss or 0.0) + loss,
-            tokens=step.tokens + int(details.get("tokens") or 0),
-            forward_backward=step.forward_backward + 1,
+        added = _number(metrics.get("loss:sum"))
+        values.update(
+            loss=loss if added is None else (loss or 0.0) + added,
+            tokens=tokens + int(details.get("tokens") or 0),
+            forward_backward=calls + 1,
         )
-    conn.execute(update(t.run_steps).where(key).values(**values))
+    if row is None:
+        conn.execute(_STEP_INSERT, dict(model_id=model_id, step=step, tenant=event.tenant, **{"tokens": 0, "forward_backward": 0, **values}))
+    else:
+        conn.execute(_STEP_UPDATE, {"b_model_id": model_id, "b_step": step, **values})
 
 
 def _number(value) -> Optional[float]:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _open_step(conn: Connection, tenant: str, model_id: str, requested: datetime, started: Optional[datetime]):
-    """The run's step in progress (made now if none is), its first times moved earlier."""
-    row = conn.execute(
-        select(t.run_steps).where(t.run_steps.c.model_id == model_id, t.run_steps.c.completed_at.is_(None))
-    ).first()
-    if row is None:
-        last = conn.execute(select(func.max(t.run_steps.c.step)).where(t.run_steps.c.model_id == model_id)).scalar()
-        conn.execute(
-            insert(t.run_steps).values(
-                model_id=model_id, step=(last or 0) + 1, tenant=tenant, tokens=0, forward_backward=0,
-                first_request_at=requested, started_at=started,
-            )
-        )  # fmt: skip
-    else:
-        first = _earliest(row.first_request_at, requested)
-        begun = _earliest(row.started_at, started)
-        if first != utc(row.first_request_at) or begun != utc(row.started_at):
-            key = (t.run_steps.c.model_id == model_id) & (t.run_steps.c.step == row.step)
-            conn.execute(update(t.run_steps).where(key).values(first_request_at=first, started_at=begun))
-    return conn.execute(
-        select(t.run_steps).where(t.run_steps.c.model_id == model_id, t.run_steps.c.completed_at.is_(None))
-    ).first()
 
 
 def cancellation_message(data) -> str:
@@ -151,3 +156,38 @@ def _cancel_futures(conn: Connection, event: Event, keys: list[str], message: st
         .where(t.futures.c.tenant == event.tenant, t.futures.c.model_id.in_(keys), t.futures.c.state.in_(OPEN))
         .values(state=FutureState.CANCELLED.value, error=message, category="user", completed_at=event.time)
     )
+
+
+@handles(training_events.FORK["requested"])
+def _fork_requested(conn: Connection, event: Event) -> None:
+    if _future(conn, event) is not FutureState.PENDING:
+        return
+    data = event.data
+    if conn.execute(select(t.sessions.c.session_id).where(t.sessions.c.session_id == data.session_id)).first() is None:
+        conn.execute(
+            insert(t.sessions).values(
+                session_id=data.session_id, tenant=event.tenant, tags=["fork"], user_metadata={},
+                project_id=data.project_id, display_name=f"fork of {data.parent_id} at step {data.step}",
+                created_at=event.time, last_heartbeat_at=event.time,
+            )
+        )  # fmt: skip
+    _insert_run(conn, event, data.model_id)
+    _touch_run(conn, data.model_id, event.time, forked_from_run=data.parent_id, forked_from_step=data.step)
+
+
+@handles(training_events.FORK["completed"], training_events.FORK["failed"])
+def _fork_finished(conn: Connection, event: Event) -> None:
+    request = t.futures.c.request_id == event.data.request_id
+    before = conn.execute(select(t.futures.c.state, t.futures.c.model_id).where(request)).first()
+    if before is None or is_terminal(FutureState(before.state)) or _future(conn, event) is None:
+        return
+    runs = t.training_runs
+    run = conn.execute(select(runs.c.state).where(runs.c.model_id == before.model_id)).first()
+    if run is None or run.state != "creating":
+        return  # cancelled while it was being built: it stays cancelled, its state unsaved
+    if isinstance(event.data, RequestFailed):
+        _touch_run(conn, before.model_id, event.time, state="failed", error=event.data.error)
+        return
+    _touch_run(conn, before.model_id, event.time, state="ready")
+    if event.data.checkpoint is not None:
+        _upsert_checkpoint(conn, event, event.data.checkpoint)

@@ -4,6 +4,11 @@ Like `queries.Projections`, every read is scoped to a tenant, except that the te
 None: the operator's view, every tenant at once. A run's status is derived here, in one
 place: `cancelled`, `failed` (its creation failed), `creating`, `frozen` (a copy made by
 copy_weights, never trained), `finished` (its session finished) or `active`.
+
+A run's events (`run_events`) are those keyed by the run or by one of its sampling sessions,
+in store order: the run's own training requests and completions, its checkpoints, its
+cancellation, and its samples. They are read as rows, payload undecoded, so a reader decides
+what to decode (the dashboard's live stream never loads a claim-checked payload).
 """
 
 from __future__ import annotations
@@ -75,6 +80,14 @@ class RunViews:
         with self.engine.connect() as conn:
             return list(conn.execute(query))
 
+    def fork_request(self, tenant: str, fork_id: str) -> Optional[str]:
+        """The request id of the fork event that made `fork_id`."""
+        query = select(t.futures.c.request_id).where(
+            t.futures.c.tenant == tenant, t.futures.c.model_id == fork_id, t.futures.c.kind == "fork"
+        )
+        with self.engine.connect() as conn:
+            return conn.execute(query).scalar()
+
     def open_futures(self, tenant: str, keys: list[str]) -> list[str]:
         query = select(t.futures.c.request_id).where(
             t.futures.c.tenant == tenant, t.futures.c.model_id.in_(keys), t.futures.c.state.in_(("pending", "running"))
@@ -108,6 +121,36 @@ class RunViews:
         query = query.order_by(t.checkpoints.c.created_at.desc(), t.checkpoints.c.run_id, t.checkpoints.c.checkpoint_id)
         with self.engine.connect() as conn:
             return list(conn.execute(query))
+
+    def run_events(self, tenant: str, keys: list[str], after: int, limit: int, newest: bool = False) -> list[Row]:
+        """Events of `tenant` keyed by one of `keys` past store position `after`, oldest first:
+        the first `limit` of them, or with `newest` the last `limit`."""
+        e = t.events
+        query = select(e.c.position, e.c.id, e.c.type, e.c.key, e.c.subject, e.c.time, e.c.data, e.c.claim_size).where(
+            e.c.tenant == tenant, e.c.key.in_(keys), e.c.position > after
+        )
+        query = query.order_by(e.c.position.desc() if newest else e.c.position).limit(limit)
+        with self.engine.connect() as conn:
+            rows = list(conn.execute(query))
+        return rows[::-1] if newest else rows
+
+    def finished_samples(self, tenant: str, sampling_session_ids: list[str], limit: int) -> list[Row]:
+        """The latest `limit` completed sample requests of these sampling sessions, oldest first."""
+        f = t.futures
+        query = (
+            select(f.c.request_id, f.c.model_id, f.c.created_at, f.c.completed_at, f.c.result)
+            .where(f.c.tenant == tenant, f.c.kind == "sample", f.c.state == "completed", f.c.model_id.in_(sampling_session_ids))
+            .order_by(f.c.completed_at.desc(), f.c.request_id)
+            .limit(limit)
+        )
+        with self.engine.connect() as conn:
+            return list(conn.execute(query))[::-1]
+
+    def tenants_of_runs(self, run_ids: list[str]) -> dict[str, str]:
+        """run id -> its tenant, for those of `run_ids` that exist."""
+        query = select(t.training_runs.c.model_id, t.training_runs.c.tenant).where(t.training_runs.c.model_id.in_(run_ids))
+        with self.engine.connect() as conn:
+            return {row.model_id: row.tenant for row in conn.execute(query)}
 
     def sessions(self, tenant: Optional[str], limit: int, offset: int) -> tuple[list[Row], int, dict[str, int], dict[str, int]]:
         """Sessions newest first, with how many training runs and sampling sessions each holds."""

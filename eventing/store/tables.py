@@ -142,6 +142,9 @@ training_runs = Table(
     Column("last_checkpoint", String(300)),
     Column("last_sampler_checkpoint", String(300)),
     Column("cancelled_at", DateTime(timezone=True)),
+    # A fork's parent run and the step of it the fork started from (see openrl_core.forking).
+    Column("forked_from_run", String(200)),
+    Column("forked_from_step", Integer),
     Index(None, "tenant"),
 )
 

@@ -40,7 +40,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from openrl_core import delta
-from openrl_core.errors import InvalidRequest, ServerError
+from openrl_core.errors import InvalidRequest, OpenRLError, ServerError
 from openrl_core.events.lifecycle import BlobRef
 
 # A few threads for applying deltas: the work is memory-bound gathers and scatters.
@@ -220,6 +220,22 @@ def read_manifest(data: bytes) -> dict:
     if manifest["chain"][0].kind != "full":
         raise InvalidRequest(f"{MANIFEST}: a chain starts with a full checkpoint")
     return manifest
+
+
+def session_files(fetch: Fetch, adapter: Optional[Mapping], weights: Optional[Mapping]) -> set[str]:
+    """Digests a sampling session's weights use (its projection row's `adapter` and `weights`):
+    an adapter's files, or a full run's manifest and every file of its chain. A manifest that
+    is gone or unreadable names nothing more (what it named is then no longer needed by it)."""
+    digests = {ref["sha256"] for ref in (adapter or {}).values()}
+    if weights is None:
+        return digests
+    manifest = BlobRef.model_validate(weights)
+    digests.add(manifest.sha256)
+    try:
+        chain = read_manifest(fetch(manifest))["chain"]
+    except OpenRLError:
+        return digests
+    return digests | {link.file.sha256 for link in chain}
 
 
 # -- the trainer's side --------------------------------------------------------------------

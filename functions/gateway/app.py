@@ -18,13 +18,14 @@ from typing import Optional
 
 from fastapi import FastAPI
 
-from functions.gateway import errors
+from functions.gateway import errors, openapi
 from functions.gateway.body_limit import BodyLimit
 from functions.gateway.context import GatewayContext
 from functions.gateway.routes import client, futures, models, sampling, sessions, training
 from functions.gateway import downloads
 from functions.gateway.routes import checkpoints, runs
-from functions.gateway.routes import openrl_runs, openrl_store
+from functions.gateway.routes import openrl_forks, openrl_runs, openrl_store
+from functions.gateway.routes import dashboard, openrl_live, openrl_timeline
 from functions.gateway.routes import unsupported
 from functions.gateway.routes import openai_compat
 
@@ -46,9 +47,11 @@ def create_app(ctx: GatewayContext) -> FastAPI:
     for module in (runs, checkpoints, downloads):
         app.include_router(module.router)
     app.include_router(openai_compat.router)  # /v1: the OpenAI-compatible endpoint
-    for module in (openrl_runs, openrl_store):  # OpenRL's own API, /api/openrl/v1 (the `openrl runs` CLI)
+    # OpenRL's own API, /api/openrl/v1 (the `openrl runs` CLI), and the dashboard page over it
+    for module in (openrl_runs, openrl_forks, openrl_store, openrl_live, openrl_timeline, dashboard):
         app.include_router(module.router)
     app.include_router(unsupported.router)  # Tinker endpoints a self-hosted server refuses, with reasons
+    openapi.install(app)  # /openapi.json: every route's real bodies and statuses
     return app
 
 

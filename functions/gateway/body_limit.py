@@ -5,12 +5,14 @@ any route code could count them. A declared Content-Length over the limit is ans
 at once, without reading the body; a body without one (chunked) is counted as it streams
 and refused with a 413 the moment it passes the limit, so a client cannot make the server
 buffer more than the limit either way. The answer names the limit and the setting that
-raises it, like every other refusal (`{"detail": ...}`).
+raises it, like every other refusal (`{"detail": ...}`, or OpenAI's error object under `/v1/`).
 """
 
 from __future__ import annotations
 
 from starlette.exceptions import HTTPException
+
+from functions.gateway.openai_wire import PREFIX, error_body
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -32,7 +34,9 @@ class BodyLimit:
             return
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            response = JSONResponse({"detail": too_large(declared.decode(), self.limit)}, status_code=413)
+            detail = too_large(declared.decode(), self.limit)
+            body = error_body(413, detail) if scope.get("path", "").startswith(PREFIX) else {"detail": detail}
+            response = JSONResponse(body, status_code=413)
             await response(scope, receive, send)
             return
         received = 0

@@ -28,6 +28,13 @@ def get_tenant(request: Request) -> str:
     return tenant_of_key(request.app.state.ctx, api_key)
 
 
+def bearer_or_api_key(request: Request) -> Optional[str]:
+    """The key of an OpenAI-style request: `Authorization: Bearer KEY` (what OpenAI clients
+    send), else the Tinker `X-API-Key`."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return (token.strip() if scheme.lower() == "bearer" else None) or request.headers.get("x-api-key")
+
+
 def tenant_of_key(ctx: GatewayContext, api_key: str) -> str:
     tenant = ctx.tenant_for_key(api_key)
     if tenant is None:

@@ -33,10 +33,12 @@ import re
 import secrets
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Iterator
 from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import FileResponse
+from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 
 from eventing.store.projections import utc
@@ -53,6 +55,7 @@ from openrl_core.settings import Settings
 from openrl_core.wire.base import UntypedAPIFuture
 
 router = APIRouter(prefix="/api/v1")
+CHUNK = 1 << 20
 
 SECRET_FILE = "download-secret"
 _SHA256 = re.compile(r"[0-9a-f]{64}")  # fullmatch: `$` would let a final newline through
@@ -163,7 +166,7 @@ def download(
     expires: str = "",
     given: str = Query("", alias="signature"),
     ctx: GatewayContext = Depends(get_ctx),
-) -> FileResponse:
+) -> StreamingResponse:
     if not expires or not given:
         raise _forbidden("download link lacks its expires and signature parameters")
     if not (expires.isascii() and expires.isdigit()) or not _TENANT.fullmatch(tenant) or not _SHA256.fullmatch(sha256):
@@ -175,7 +178,22 @@ def download(
         expired_at = datetime.fromtimestamp(int(expires), timezone.utc).isoformat()
         raise Gone(f"download link expired at {expired_at}; ask external_weights_urls for fresh links")
     # BlobStore keeps its layout private; a streamed file needs the path, not the bytes.
-    path = ctx.store.codec.blobs._path(tenant, sha256)
-    if not path.is_file():
-        raise Gone("this file is no longer stored: its checkpoint was deleted or expired")
-    return FileResponse(path, media_type="application/octet-stream", filename=filename)
+    # Opened before the answer starts: a file deleted while it streams still reads whole,
+    # and the declared length makes any shorter answer an error at the client.
+    try:
+        handle = open(ctx.store.codec.blobs._path(tenant, sha256), "rb")
+    except FileNotFoundError:
+        raise Gone("this file is no longer stored: its checkpoint was deleted or expired") from None
+    size = os.fstat(handle.fileno()).st_size
+
+    def stream() -> Iterator[bytes]:
+        try:
+            while chunk := handle.read(CHUNK):
+                yield chunk
+        finally:
+            handle.close()
+
+    quoted = quote(filename)  # as Starlette's FileResponse names it
+    disposition = f"attachment; filename*=utf-8''{quoted}" if quoted != filename else f'attachment; filename="{filename}"'
+    headers = {"Content-Length": str(size), "Content-Disposition": disposition}
+    return StreamingResponse(stream(), media_type="application/octet-stream", headers=headers, background=BackgroundTask(handle.close))

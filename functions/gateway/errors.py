@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from functions.gateway import refusals
+from functions.gateway import openai_wire
 from functions.gateway.openai_wire import error_body
 from openrl_core.errors import NotFound, OpenRLError
 from openrl_core.quotas import QuotaExceeded
@@ -34,12 +35,37 @@ def describe_validation(errors) -> str:
     return "invalid request: " + "; ".join(parts)
 
 
-OPENAI_PREFIX = "/v1/"
+OPENAI_PREFIX = openai_wire.PREFIX
 
 
-def respond(request: Request, status: int, detail: str, openai_code: Optional[str] = None) -> JSONResponse:
+def respond(
+    request: Request, status: int, detail: str, openai_code: Optional[str] = None, headers: Optional[dict[str, str]] = None
+) -> JSONResponse:
     body = error_body(status, detail, openai_code) if request.url.path.startswith(OPENAI_PREFIX) else {"detail": detail}
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route takes at this path. Starlette's own 405 names only the first
+    route that matched the path, and several routes (in different routers) share paths.
+    As in OpenAPI, a literal path (`/sessions/search`) is its own resource: routes with
+    parameters that would also match it (`/sessions/{session_id}`) do not count there."""
+    literal: set[str] = set()
+    templated: set[str] = set()
+    path = request.scope.get("path", "")
+
+    def walk(routes, prefix: str = "") -> None:
+        for route in routes:
+            branch = getattr(route, "original_router", None)  # newer FastAPI nests included routers
+            if branch is not None:
+                walk(branch.routes, prefix + getattr(getattr(route, "include_context", None), "prefix", ""))
+            elif path.startswith(prefix) and getattr(route, "path_regex", None) is not None:
+                if route.path_regex.match(path[len(prefix) :]):
+                    found = templated if "{" in route.path else literal
+                    found.update(getattr(route, "methods", None) or ())
+
+    walk(request.app.router.routes)
+    return sorted(literal or templated)
 
 
 def install(app: FastAPI) -> None:
@@ -70,7 +96,10 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:
-        return respond(request, exc.status_code, str(exc.detail or "error"))
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(allowed_methods(request))
+        return respond(request, exc.status_code, str(exc.detail or "error"), headers=headers or None)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

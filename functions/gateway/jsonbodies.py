@@ -96,8 +96,10 @@ def decode(body: bytes, forward_only: bool) -> ForwardBackwardCall:
 def _datum(index: int, datum: DatumJSON) -> Datum:
     tokens: list[int] = []
     for position, chunk in enumerate(datum.model_input.chunks):
-        if chunk.type != "encoded_text" or chunk.tokens is None:
+        if chunk.type != "encoded_text":
             raise InvalidRequest(f"data[{index}].model_input.chunks[{position}] is a {chunk.type!r} chunk; only text models are served")
+        if chunk.tokens is None:
+            raise InvalidRequest(f"data[{index}].model_input.chunks[{position}] is an encoded_text chunk without tokens")
         tokens.extend(chunk.tokens)
     inputs = {
         name: tensor_to_numpy(tensor, f"data[{index}].loss_fn_inputs[{name!r}]") for name, tensor in datum.loss_fn_inputs.items()

@@ -13,14 +13,26 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from openrl_core.errors import NotFound
+
+PREFIX = "/v1/"  # under it, errors leave in OpenAI's shape and keys come as Bearer
 
 # OpenAI's own limits for these arguments.
 MAX_COMPLETION_LOGPROBS = 5
 MAX_CHAT_TOP_LOGPROBS = 20
 MAX_STOP_SEQUENCES = 4
+
+
+def _integral(value: Any) -> Any:
+    """14.0 is the integer 14 in JSON (and in JSON Schema); strict mode alone would refuse it."""
+    if isinstance(value, list):
+        return [_integral(item) for item in value]
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+INTEGER_FIELDS = ("max_tokens", "n", "seed", "logprobs", "best_of", "max_completion_tokens", "top_logprobs", "prompt")
 
 
 class _Strict(BaseModel):
@@ -45,6 +57,11 @@ class SamplingArgs(_Strict):
     frequency_penalty: Optional[float] = None
     logit_bias: Optional[dict[str, float]] = None
     user: Optional[str] = None  # an end-user id for abuse tracking; nothing to do with it here
+
+    @field_validator(*INTEGER_FIELDS, mode="before", check_fields=False)
+    @classmethod
+    def _integral_numbers(cls, value: Any) -> Any:
+        return _integral(value)
 
     def stop_strings(self) -> Optional[list[str]]:
         """None stops at end-of-sequence only; strings add to it (EOS always stops)."""

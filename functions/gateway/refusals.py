@@ -18,6 +18,8 @@ from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
 from functions.gateway.context import SOURCE, GatewayContext
+from functions.gateway import openai_wire
+from functions.gateway.deps import bearer_or_api_key
 from openrl_core.errors import NotFound, NotOffered
 from openrl_core.events import new_event
 from openrl_core.events.access import LOOKUP_REFUSED, LookupRefused
@@ -31,9 +33,11 @@ def _short(text: str) -> str:
 
 
 def caller(request: Request) -> Optional[str]:
-    """The tenant of the request's API key, if it has a valid one."""
+    """The tenant of the request's API key, if it has a valid one: sent the way the route
+    takes it (the OpenAI-compatible routes take a Bearer key, whose probes count as much)."""
     ctx: Optional[GatewayContext] = getattr(request.app.state, "ctx", None)
-    api_key = request.headers.get("x-api-key")
+    openai = request.url.path.startswith(openai_wire.PREFIX)
+    api_key = bearer_or_api_key(request) if openai else request.headers.get("x-api-key")
     if ctx is None or not api_key:
         return None
     return ctx.tenant_for_key(api_key)

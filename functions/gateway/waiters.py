@@ -3,7 +3,9 @@
 The projector notifies from its own thread after the store commits; `notify` hands the
 ids to the event loop, which sets the asyncio events of whoever waits on them. Waiters
 register before they read the store, so a completion that lands between the read and the
-wait still wakes them: nothing polls in a loop.
+wait still wakes them: nothing polls in a loop. `watch_all` wakes on every notification,
+whatever its ids: the dashboard's event streams, which follow a whole run, use it to answer a
+completion at once instead of at their next poll.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ class FutureWaiters:
     def __init__(self) -> None:
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._waiting: dict[str, set[asyncio.Event]] = defaultdict(set)
+        self._any: set[asyncio.Event] = set()
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -28,6 +31,8 @@ class FutureWaiters:
             loop.call_soon_threadsafe(self._wake, request_ids)
 
     def _wake(self, request_ids: list[str]) -> None:
+        for event in self._any:
+            event.set()
         for request_id in request_ids:
             for event in self._waiting.get(request_id, ()):
                 event.set()
@@ -44,6 +49,15 @@ class FutureWaiters:
                 waiting.discard(event)
                 if not waiting:
                     del self._waiting[request_id]
+
+    @contextmanager
+    def watch_all(self) -> Iterator[asyncio.Event]:
+        event = asyncio.Event()
+        self._any.add(event)
+        try:
+            yield event
+        finally:
+            self._any.discard(event)
 
     @property
     def waiting(self) -> int:

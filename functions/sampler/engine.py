@@ -30,6 +30,7 @@ from typing import Optional
 import torch
 
 from functions.compute.models import ModelFiles, load_causal_lm, load_tokenizer
+from functions.compute.shared_weights import load_frozen
 from functions.sampler import processing
 from functions.sampler.stops import StopRule, make_decoder
 from functions.sampler.types import SampledSequence, SampleJob, SampleResult, StopReason
@@ -105,13 +106,19 @@ class _Row:
 
 
 class SamplerEngine:
-    def __init__(self, files: ModelFiles, device: str = "cpu", max_batch_rows: int = 64, dtype=None) -> None:
+    def __init__(
+        self, files: ModelFiles, device: str = "cpu", max_batch_rows: int = 64, dtype=None, share_base: bool = False
+    ) -> None:
+        """`share_base`: serve this process's one frozen copy of the base (`shared_weights`),
+        for an engine whose base weights are never written; a full run's copy, which weight
+        sync patches in place, must load its own (the default)."""
         if max_batch_rows < 1:
             raise ValueError("max_batch_rows must be >= 1")
         self.files = files
         self.device = torch.device(device)
         self.max_batch_rows = max_batch_rows
-        self._model = load_causal_lm(files, dtype=dtype, device=device).eval()
+        load = load_frozen if share_base else load_causal_lm
+        self._model = load(files, dtype=dtype, device=device).eval()
         self._peft = None  # a peft.PeftModel wrapping _model once an adapter is loaded
         self._adapters: dict[str, str] = {}  # caller's key -> peft adapter name
         self._adapter_serial = 0

@@ -21,6 +21,7 @@ from typing import Optional
 from eventing import topics
 from eventing.blobs import BlobStore
 from eventing.bus import EventBus, EventPublisher
+from functions.compute import host_memory
 from functions.compute.models import ModelDirectory, parameter_count
 from functions.compute.weight_sync import read_manifest
 from functions.sampler.full_runs import FullRunCopies
@@ -48,6 +49,7 @@ class SamplerWorker:
         device: str = "cpu",
         max_batch_rows: int = 64,
         max_adapters: int = 16,
+        max_run_versions: int = 4,
         linger: float = 0.02,
         group: str = "openrl-sampler",
         base_models: Optional[list[str]] = None,
@@ -55,6 +57,8 @@ class SamplerWorker:
         max_full_models: int = 2,
         engine: str = "torch",
         vllm=None,
+        share_base: bool = True,
+        release_memory: bool = True,
     ) -> None:
         self.publisher = publisher
         self.blobs = blobs
@@ -67,7 +71,12 @@ class SamplerWorker:
         self.device = device
         self.max_batch_rows = max_batch_rows
         self.max_adapters = max_adapters
+        self.max_run_versions = max_run_versions
         self.linger = linger
+        # Base engines read the base weights only, so in one process they serve the trainer's
+        # frozen copy (`shared_weights`); full runs' copies are written by weight sync and never share.
+        self.share_base = share_base
+        self.release_memory = release_memory  # give a batch's freed memory back (`host_memory`)
         # "torch" (in this process) or "vllm" (a child process per weight set, `vllm_engine`);
         # `vllm` holds the VllmOptions. Without the vLLM environment this fails now, not at
         # the first request.
@@ -82,9 +91,10 @@ class SamplerWorker:
             raise ValueError(f"unknown sampler engine {engine!r}")
         self.consumer = bus.consumer(group, pattern=topics.pattern("sampling", base_models), instance_id=instance_id)
         self._engines: dict = {}
-        # Adapters loaded per base model, least recently used first. Every published version
-        # of every tenant's weights is a new key, so without eviction memory only grows.
-        self._adapters: dict[str, OrderedDict[str, None]] = defaultdict(OrderedDict)
+        # Adapters loaded per base model, least recently used first, each with its training run
+        # (None: unknown). Every published version of every tenant's weights is a new key, so
+        # without eviction memory only grows; a run's superseded versions go first.
+        self._adapters: dict[str, OrderedDict[str, Optional[str]]] = defaultdict(OrderedDict)
         self.full_runs = FullRunCopies(self._make_engine, max_full_models)
         self._manifests: OrderedDict[str, dict] = OrderedDict()  # manifest sha256 -> parsed
 
@@ -126,6 +136,8 @@ class SamplerWorker:
                 by_model[event.data.base_model].append(event)
         for base_model, events in by_model.items():
             self._sample(base_model, events)
+        if by_model and self.release_memory:
+            host_memory.release()
         if records:
             self.consumer.commit()
         return len(records)
@@ -133,20 +145,20 @@ class SamplerWorker:
     def engine(self, base_model: str):
         key = self.models.canonical(base_model)  # an alias shares its target's base weights
         if key not in self._engines:
-            engine = self._make_engine(self.models.files(base_model))
+            engine = self._make_engine(self.models.files(base_model), share=self.share_base)
             # The base weights (and the adapters on them) stay resident: this job never parks.
             self.slicer.register(self._base_job(key), engine.weight_bytes, self.slicer_device, parkable=False, resident=True)
             self._engines[key] = engine
         return self._engines[key]
 
-    def _make_engine(self, files):
+    def _make_engine(self, files, share: bool = False):
         if self.engine_kind == "vllm":
             from functions.sampler.vllm_engine import VllmEngine
 
             return VllmEngine(files, self.vllm)
         from functions.sampler.engine import SamplerEngine
 
-        return SamplerEngine(files, device=self.device, max_batch_rows=self.max_batch_rows)
+        return SamplerEngine(files, device=self.device, max_batch_rows=self.max_batch_rows, share_base=share)
 
     def _base_job(self, canonical: str) -> str:
         return f"{self.instance}/base/{canonical}"
@@ -242,11 +254,12 @@ class SamplerWorker:
             weights = data.adapter[ADAPTER_WEIGHTS]
             adapter_key = f"{event.tenant}:{weights.sha256}"
             loaded = self._adapters[self.models.canonical(base_model)]  # per engine, which aliases share
+            run = f"{event.tenant}:{data.run_id}" if data.run_id else None
             if not engine.has_adapter(adapter_key):
-                self._evict(engine, loaded, in_use)
+                self._evict(engine, loaded, in_use, run)
                 files = {name: self.blobs.get(event.tenant, ref) for name, ref in data.adapter.items()}
                 engine.load_adapter(adapter_key, files)
-            loaded[adapter_key] = None
+            loaded[adapter_key] = run
             loaded.move_to_end(adapter_key)
             in_use.add(adapter_key)
         return SampleJob(
@@ -259,8 +272,15 @@ class SamplerWorker:
             adapter=adapter_key,
         )
 
-    def _evict(self, engine, loaded: OrderedDict, in_use: set[str]) -> None:
-        """Make room for one more adapter, dropping the least recently used idle ones."""
+    def _evict(self, engine, loaded: OrderedDict, in_use: set[str], run: Optional[str]) -> None:
+        """Make room for one more adapter of `run`: first its run's older idle versions past
+        `max_run_versions`, then the least recently used idle ones past `max_adapters`."""
+        if run is not None:
+            same_run = [key for key, owner in loaded.items() if owner == run]
+            for key in same_run[: max(0, len(same_run) - self.max_run_versions + 1)]:
+                if key not in in_use:
+                    engine.drop_adapter(key)
+                    del loaded[key]
         for key in list(loaded):
             if len(loaded) < self.max_adapters:
                 return

@@ -4,6 +4,8 @@ The engine knows nothing about events, queues or storage: it is called with a mo
 token ids and answers with numbers and files. Invariants:
 - The base model is loaded once, in float32, frozen, in eval mode (no dropout); each adapter
   (one per model id, each with its own rank and optimizer state) is a PEFT adapter on it.
+  Its tensors come from `shared_weights`: a sampler in the same process serves the same
+  storage, so the base is never written (parking moves adapters only).
 - `forward_backward_many` runs several models' requests in shared passes, each row with its
   own adapter (`packed`), and each model's numbers are bitwise those of its request alone;
   `forward_backward` is the same path with one request.
@@ -30,7 +32,8 @@ import numpy as np
 import torch
 
 from functions.compute import parking
-from functions.compute.models import ModelFiles, load_causal_lm
+from functions.compute.models import ModelFiles
+from functions.compute.shared_weights import load_frozen
 from functions.trainer import adapters, optimizer, packed
 from functions.trainer.passes import DEFAULT_MAX_PADDED_TOKENS, ForwardBackwardResult
 from openrl_core import packing
@@ -91,9 +94,7 @@ class TrainerEngine:
         self._device = torch.device(device)
         self._max_padded_tokens = max_padded_tokens
         self._max_rows = max_rows
-        base = load_causal_lm(files, dtype=torch.float32, device=device)
-        base.eval()
-        base.requires_grad_(False)
+        base = load_frozen(files, dtype=torch.float32, device=device)
         config = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
         rescales = getattr(config, "logit_scale", None) not in (None, 1, 1.0)
         if getattr(config, "final_logit_softcapping", None) or rescales:

@@ -71,6 +71,22 @@ class SnapshotStore:
     def files(self, tenant: str, snapshot: SnapshotTaken) -> dict[str, bytes]:
         return {name: self.blobs.get(tenant, ref) for name, ref in snapshot.files.items()}
 
+    def referenced(self, tenant: str) -> set[str]:
+        """Digests of the files the tenant's latest snapshots hold: all recovery needs (older
+        snapshots' files are left to the blob collector). A pointer being replaced is read
+        as either its old or its new content (`write` renames), both whole."""
+        digests: set[str] = set()
+        folder = self.root / tenant
+        if not folder.is_dir():
+            return digests
+        for path in folder.glob("*.json"):
+            try:
+                snapshot = SnapshotTaken.model_validate_json(path.read_text())
+            except FileNotFoundError:
+                continue
+            digests.update(ref.sha256 for ref in snapshot.files.values())
+        return digests
+
 
 class Snapshotter:
     """One background writer; `durable()` hands finished snapshots back to the worker thread."""

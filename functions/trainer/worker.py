@@ -20,6 +20,10 @@ compute, so a model is never moved while it is being used.
 A cancelled run (`training.run.cancelled`, on the run's own topic and key, so after all its
 earlier requests) loses everything it held here: requests still waiting, adapter or weights
 and optimizer state, its timeslicer job; any later event of it is ignored.
+
+A fork (`training.fork.requested`) arrives like a create_model, on the new run's key: the
+run is rebuilt as the event says (`forks`: the parent's snapshot or creation, then its
+logged requests) and saved with its optimizer as the fork's first checkpoint.
 """
 
 from __future__ import annotations
@@ -38,10 +42,12 @@ from eventing.blobs import BlobStore
 from eventing.bus import EventBus, EventPublisher, Record
 from eventing.offsets import OffsetTracker
 from eventing.store.projections import expiry
+from functions.compute import host_memory
 from functions.compute.models import ModelDirectory
 from functions.compute.weight_sync import MANIFEST
 from functions.timeslicer.client import Fenced, TimeslicerClient
 from functions.timeslicer.setup import device_name, private
+from functions.trainer import forks
 from functions.trainer.packer import Packer
 from functions.trainer.recovery import ModelSlot, Recovery, position
 from functions.trainer.snapshots import SnapshotStore
@@ -77,6 +83,7 @@ class TrainerOptions:
     pack_max_tokens: int = 8192  # padded tokens in one pass (see openrl_core.packing)
     pack_max_rows: int = 256
     pack_max_shared_bytes: int = 1 << 30  # estimated activations of a pass several models share
+    release_memory: bool = True  # give the pass's freed activations back to the system (`host_memory`)
 
 
 class TrainerWorker:
@@ -164,6 +171,8 @@ class TrainerWorker:
         for base, members in self.packer.take(ready).items():
             self.packer.run(base, members)
         self._run_fairly(ready)
+        if ready and self.options.release_memory:
+            host_memory.release()
         self._settle(bool(records))
         return len(records)
 
@@ -192,8 +201,10 @@ class TrainerWorker:
             self._cancel(model_id)
             return
         full = record.topic.split(".")[2] == "training-full"
-        if event.type == te.CREATE_MODEL["requested"] or (event.type == te.LOAD_WEIGHTS["requested"] and event.data.seq_id is None):
-            self._execute(event, self._create, model_id, create=(full, event.data.base_model, event.data.lora_config))
+        creates = event.type == te.CREATE_MODEL["requested"] or (event.type == te.LOAD_WEIGHTS["requested"] and event.data.seq_id is None)
+        if creates or event.type == te.FORK["requested"]:
+            handler = self._create if creates else self._fork
+            self._execute(event, handler, model_id, create=(full, event.data.base_model, event.data.lora_config))
             slot = self.slots.get(model_id)
             if slot is not None and slot.anchor is None and slot.gate.next_seq == 1:
                 slot.anchor = position(record)  # no snapshot yet: recovery starts at creation
@@ -490,6 +501,24 @@ class TrainerWorker:
         if isinstance(data, te.LoadWeightsRequested):
             return {"result": {"path": data.path, "model_id": data.model_id, "type": "load_weights"}}
         return {"result": {"model_id": data.model_id, "type": "create_model"}}
+
+    def _fork(self, event: Event) -> dict:
+        """A new run rebuilt as another run's state at a step (see `forks`), then saved with its
+        optimizer as the fork's first checkpoint, the path the SDK loads it from."""
+        data = event.data
+        full = bool(data.full_finetune)
+        engine = self.full_engine(data.base_model) if full else self.engine(data.base_model)
+        if data.model_id not in self.slots and self._restore(event.tenant, data.model_id, locked=True) is None:
+            forks.rebuild(engine, data.model_id, data, lambda refs: self._read(event.tenant, refs), full)
+            self.slots[data.model_id] = ModelSlot(event.tenant, data.base_model, data.session_id, data.lora_config, full=full)
+        files = self._write(event.tenant, engine.export_state(data.model_id))
+        checkpoint = CheckpointSaved(
+            run_id=data.model_id, kind="weights", name=data.checkpoint_name, files=files, user_metadata=data.user_metadata
+        )
+        result = {"model_id": data.model_id, "path": checkpoint.tinker_path, "type": "fork",
+                  "snapshot_step": data.snapshot_step if data.snapshot is not None else None,
+                  "replayed_requests": len(data.replay)}  # fmt: skip
+        return {"result": result, "checkpoint": checkpoint}
 
     def _forward_backward(self, event: Event) -> dict:
         data = event.data

@@ -33,6 +33,9 @@ class SampleRequested(Payload):
     adapter: Optional[dict[str, BlobRef]] = None
     # A full fine-tuning run's weights instead: the manifest of their publication chain.
     weights: Optional[BlobRef] = None
+    # The training run whose weights these are (None on a base model), so a sampler keeps
+    # only a run's newest few versions loaded, as storage keeps only their files.
+    run_id: Optional[str] = None
     prompt_tokens: list[int]
     num_samples: int = Field(ge=1)
     sampling_params: SamplingParams

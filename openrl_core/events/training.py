@@ -13,6 +13,7 @@ from pydantic import Field
 from openrl_core.datum import DatumRecord
 from openrl_core.events.base import Payload, event_type, register
 from openrl_core.events.lifecycle import BlobRef, register_lifecycle
+from openrl_core.events.recovery import SnapshotTaken
 from openrl_core.params import AdamParams, LoraConfig
 
 FAMILY = "training"
@@ -107,6 +108,44 @@ class RunCancelled(Payload):
     by: Literal["owner", "operator"] = "owner"
 
 
+class Replayed(Payload):
+    """A logged request carried inside another event: its type and its payload as stored."""
+
+    type: str
+    data: dict[str, Any]
+
+
+class ForkRequested(Payload):
+    """A new run (`model_id`, in a session of its own) whose weights and optimizer state are
+    `parent_id`'s right after its `step`-th completed optim_step (seq_id `parent_seq_id`).
+
+    The gateway resolved the history, so the event says how to rebuild it on its own:
+    restore `snapshot` (the parent's latest at or before the step) or else start as
+    `origin` (the parent's creation: create_model, create-via-load, or its own fork), then
+    re-apply `replay` in order. The trainer then saves the state, with the optimizer, as
+    the fork's `weights/<checkpoint_name>` checkpoint. Keyed by the fork's id on its
+    training topic, like create_model; the record of the fork (parent and step) that the
+    projections and replay read.
+    """
+
+    request_id: str
+    model_id: str
+    session_id: str
+    parent_id: str
+    step: int = Field(ge=0)
+    parent_seq_id: int = Field(ge=0)
+    base_model: str
+    lora_config: LoraConfig  # the parent's; a placeholder for full fine-tuning
+    full_finetune: bool = False
+    user_metadata: Optional[dict[str, Any]] = None
+    project_id: Optional[str] = None
+    snapshot: Optional[SnapshotTaken] = None
+    snapshot_step: int = 0
+    origin: Optional[Replayed] = None  # set when there is no snapshot
+    replay: list[Replayed] = Field(default_factory=list)
+    checkpoint_name: str
+
+
 class SeqSkipped(Payload):
     """The gateway refused this seq_id; the trainer must not wait for it."""
 
@@ -122,6 +161,8 @@ SAVE_WEIGHTS = register_lifecycle(FAMILY, "save_weights", SaveWeightsRequested)
 SAVE_WEIGHTS_FOR_SAMPLER = register_lifecycle(FAMILY, "save_weights_for_sampler", SaveWeightsForSamplerRequested)
 LOAD_WEIGHTS = register_lifecycle(FAMILY, "load_weights", LoadWeightsRequested)
 SAVE_WEIGHTS_EXTERNAL = register_lifecycle(FAMILY, "save_weights_external", SaveWeightsExternalRequested)
+# The fork's four phases: its completion carries the saved state's checkpoint.
+FORK = register_lifecycle(FAMILY, "fork", ForkRequested)
 SEQ_SKIPPED = register(event_type(FAMILY, "seq", "skipped"), SeqSkipped)
 RUN_CANCELLED = register(event_type(FAMILY, "run", "cancelled"), RunCancelled)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from openrl_core.params import SamplingParams
 from openrl_core.wire.base import WireRequest, WireResponse
@@ -28,7 +28,17 @@ class GetSamplerResponse(WireResponse):
     model_path: Optional[str] = None
 
 
+def _text_chunk(schema: dict[str, Any]) -> None:
+    """What the gateway serves, for its OpenAPI description: text chunks, with their tokens
+    (the SDK's other chunk types are refused by the routes with a 400)."""
+    schema["properties"]["type"] = {"const": "encoded_text", "default": "encoded_text"}
+    schema["properties"]["tokens"] = {"type": "array", "items": {"type": "integer"}}
+    schema["required"] = ["tokens"]
+
+
 class PromptChunk(WireRequest):
+    model_config = ConfigDict(extra="ignore", frozen=True, json_schema_extra=_text_chunk)
+
     type: str = "encoded_text"
     tokens: Optional[list[int]] = None
 

@@ -1,5 +1,6 @@
-"""The per-step metrics and cancellation folds, given hand-built events: what each step sums,
-what a cancellation ends, what it leaves alone, and that replay rebuilds the same rows."""
+"""The per-step metrics, cancellation and fork folds, given hand-built events: what each step
+sums, what a cancellation ends, what it leaves alone, what a fork records, and that replay
+rebuilds the same rows; and a run's history as forking reads it."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ from eventing.replay import replay
 from eventing.store import database
 from eventing.store.event_store import EventStore
 from eventing.store.queries import Projections
+from eventing.store.run_history import run_history
 from eventing.store.run_views import RunViews
 from openrl_core.events import new_event
 from openrl_core.events import sampling as sa
 from openrl_core.events import training as te
-from openrl_core.events.lifecycle import BlobRef, CheckpointSaved, RequestCompleted, SamplingSessionBound
+from openrl_core.events.lifecycle import BlobRef, CheckpointSaved, RequestCompleted, RequestFailed, SamplingSessionBound
+from openrl_core.events.recovery import SNAPSHOT_TAKEN, SnapshotTaken
 from openrl_core.params import AdamParams, LoraConfig, SamplingParams
 
 RUN = "s1:train:0"
@@ -111,3 +114,60 @@ def test_cancel_ends_open_futures_and_sampling_sessions_and_keeps_later_work_out
     report = replay(store, live, EventStore(engine, store.codec), Projections(engine))
     engine.dispose()
     assert report.differences == []
+
+
+def fork_event(request_id: str, fork_id: str, step: int) -> te.ForkRequested:
+    return te.ForkRequested(request_id=request_id, model_id=fork_id, session_id=fork_id.split(":")[0], parent_id=RUN, step=step,
+                            parent_seq_id=2 * step, base_model="m", lora_config=LoraConfig(rank=4), project_id="p",
+                            origin=te.Replayed(type=te.CREATE_MODEL["requested"], data={}), checkpoint_name=f"forked-at-step-{step}")  # fmt: skip
+
+
+def test_a_fork_is_a_run_with_its_parent_and_step_in_a_session_of_its_own(store, tmp_path):
+    create(store)
+    fb(store, "f1", at=10, loss=1.0, tokens=1)
+    optim(store, "o1", at=11, lr=1e-3, grad_norm=0.5)
+    put(store, te.FORK["requested"], fork_event("k1", "f1s:train:0", 1), 20)
+    live, views = Projections(store.engine), RunViews(store.engine)
+    forked = views.run("alice", "f1s:train:0")
+    assert (forked.state, forked.forked_from_run, forked.forked_from_step, forked.lora_rank) == ("creating", RUN, 1, 4)
+    session = live.session("alice", "f1s")
+    assert session.tags == ["fork"] and session.project_id == "p" and session.display_name == f"fork of {RUN} at step 1"
+    assert views.fork_request("alice", "f1s:train:0") == "k1" and views.fork_request("bob", "f1s:train:0") is None
+
+    saved = CheckpointSaved(run_id="f1s:train:0", kind="weights", name="forked-at-step-1", files={"a": BlobRef(sha256="d" * 64, size=3)})
+    put(store, te.FORK["completed"], RequestCompleted(request_id="k1", result={"type": "fork"}, checkpoint=saved), 21)
+    assert views.run("alice", "f1s:train:0").state == "ready"
+    assert live.checkpoint("alice", "f1s:train:0", "weights/forked-at-step-1").files == {"a": {"sha256": "d" * 64, "size": 3}}
+    # A redelivered completion, with other files, changes nothing.
+    other = saved.model_copy(update={"files": {"a": BlobRef(sha256="e" * 64, size=3)}})
+    put(store, te.FORK["completed"], RequestCompleted(request_id="k1", result={}, checkpoint=other), 22)
+    assert live.checkpoint("alice", "f1s:train:0", "weights/forked-at-step-1").files["a"]["sha256"] == "d" * 64
+
+    put(store, te.FORK["requested"], fork_event("k2", "f2s:train:0", 0), 30)
+    put(store, te.FORK["failed"], RequestFailed(request_id="k2", error="blob gone", category="server"), 31)
+    failed = views.run("alice", "f2s:train:0")
+    assert (failed.state, failed.error) == ("failed", "blob gone")
+    assert live.checkpoint("alice", "f2s:train:0", "weights/forked-at-step-0") is None
+
+    engine = database.make_engine(f"sqlite:///{tmp_path / 'replay.db'}")
+    database.upgrade(engine)
+    report = replay(store, live, EventStore(engine, store.codec), Projections(engine))
+    engine.dispose()
+    assert report.differences == []
+
+
+def test_run_history_reads_the_runs_requests_outcomes_and_snapshots(store):
+    create(store)
+    fb(store, "f1", at=10, loss=1.0, tokens=1)
+    optim(store, "o1", at=11, lr=1e-3, grad_norm=0.5)
+    put(store, te.OPTIM_STEP["requested"], te.OptimStepRequested(request_id="o2", model_id=RUN, seq_id=3, adam_params=AdamParams()), 12)
+    put(store, te.OPTIM_STEP["failed"], RequestFailed(request_id="o2", error="x"), 13)
+    put(store, te.SAVE_WEIGHTS["requested"], te.SaveWeightsRequested(request_id="w", model_id=RUN, seq_id=4, name="n"), 14)
+    snapshot = SnapshotTaken(model_id=RUN, session_id="s1", base_model="m", lora_config=LoraConfig(rank=4), next_seq=3, files={}, taken_at=T0)
+    put(store, SNAPSHOT_TAKEN, snapshot, 15)
+    history = run_history(store, "alice", RUN)
+    assert history.origin.type == te.CREATE_MODEL["requested"] and [s.next_seq for s in history.snapshots] == [3]
+    assert [(e.seq_id, e.verb, e.outcome) for e in history.logged] == [
+        (1, "forward_backward", "completed"), (2, "optim_step", "completed"), (3, "optim_step", "ended"), (4, "other", "unfinished"),
+    ]  # fmt: skip
+    assert run_history(store, "bob", RUN).origin is None  # another tenant's run has no history to read

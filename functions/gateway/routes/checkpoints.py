@@ -44,6 +44,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from eventing.blobs import BlobStore
 from eventing.store.event_store import Dedup
 from eventing.store.projections import utc
+from functions.compute.weight_sync import session_files
 from functions.gateway import quotas
 from functions.gateway.context import SOURCE, GatewayContext
 from functions.gateway.deps import get_ctx, get_tenant, read_body, require_session
@@ -273,9 +274,15 @@ def remove_checkpoint(ctx: GatewayContext, tenant: str, row, *, expired: bool = 
 
 
 def collect_blobs(ctx: GatewayContext, tenant: str, refs: Iterable[BlobRef]) -> list[str]:
-    """Delete the blobs among `refs` that nothing in the projections references any more."""
-    in_use = ctx.projections.referenced_blobs(tenant)
+    """Delete the blobs among `refs` that nothing in the projections references any more.
+
+    A live full run's sampling session names only its manifest; the chain files the manifest
+    names (which a checkpoint of the same run shares) count as referenced too."""
     blobs = blobs_of(ctx)
+    in_use = ctx.projections.referenced_blobs(tenant)
+    for row in ctx.projections.live_samplers(tenant, ctx.settings.sampler_versions_kept):
+        if row.weights is not None:
+            in_use |= session_files(lambda ref: blobs.get(tenant, ref), None, row.weights)
     freed = []
     for digest in sorted({ref.sha256 for ref in refs} - in_use):
         blobs.delete(tenant, BlobRef(sha256=digest, size=0))

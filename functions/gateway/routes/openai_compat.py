@@ -47,7 +47,7 @@ from eventing.store.event_store import Dedup
 from functions.gateway import openai_wire as wire
 from functions.gateway import quotas
 from functions.gateway.context import SOURCE, GatewayContext
-from functions.gateway.deps import get_ctx, read_body, tenant_of_key
+from functions.gateway.deps import bearer_or_api_key, get_ctx, read_body, tenant_of_key
 from functions.gateway.openai_reply import Reply, stream
 from functions.gateway.openai_text import Completion, TextCodec, TextCodecs, finish
 from functions.gateway.routes.sampling import MAX_NUM_SAMPLES, checkpoint_weights
@@ -83,9 +83,7 @@ SESSION_NAMESPACE = uuid.UUID("5b0c5f8e-8d1e-4d59-9a57-0f3c1d6e2a41")  # fixed: 
 
 
 def openai_tenant(request: Request) -> str:
-    authorization = request.headers.get("authorization", "")
-    scheme, _, token = authorization.partition(" ")
-    api_key = token.strip() if scheme.lower() == "bearer" else request.headers.get("x-api-key")
+    api_key = bearer_or_api_key(request)
     if not api_key:
         raise Unauthorized("missing API key: send it as 'Authorization: Bearer KEY'")
     return tenant_of_key(request.app.state.ctx, api_key)

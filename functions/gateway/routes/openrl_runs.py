@@ -45,6 +45,7 @@ PREFIX = "/api/openrl/v1"
 router = APIRouter(prefix=PREFIX)
 STATUSES = ("active", "finished", "creating", "cancelled", "failed", "frozen")
 MAX_LIMIT = 1000
+MAX_OFFSET = 2**31 - 1  # larger ones overflow the databases' 64-bit integers
 
 
 def views(ctx: GatewayContext) -> RunViews:
@@ -81,6 +82,7 @@ def run_json(row) -> dict[str, Any]:
         "created_at": iso(row.created_at),
         "last_activity": iso(row.last_request_time),
         "cancelled_at": iso(row.cancelled_at),
+        "forked_from": {"run": row.forked_from_run, "step": int(row.forked_from_step)} if row.forked_from_run else None,
         "last_checkpoint": row.last_checkpoint,
         "last_sampler_checkpoint": row.last_sampler_checkpoint,
     }
@@ -104,8 +106,8 @@ def step_json(row) -> dict[str, Any]:
 def check_limits(limit: int, offset: int) -> None:
     if not 1 <= limit <= MAX_LIMIT:
         raise InvalidRequest(f"limit must be between 1 and {MAX_LIMIT}, got {limit}")
-    if offset < 0:
-        raise InvalidRequest(f"offset must be 0 or more, got {offset}")
+    if not 0 <= offset <= MAX_OFFSET:
+        raise InvalidRequest(f"offset must be between 0 and {MAX_OFFSET}, got {offset}")
 
 
 @router.get("/runs")

@@ -8,17 +8,23 @@ The archive of a checkpoint is an uncompressed tar of its files, streamed: membe
 name order, each with the checkpoint's creation time, mode 0644 and no owner, so the same
 checkpoint always gives the same bytes (`openrl checkpoints download` writes exactly these
 bytes). A path is given as `?path=tinker://<run>/<kind>/<name>` and checked by `TinkerPath`.
+Every member file is opened before the answer starts, and the answer declares its length:
+a checkpoint deleted (its blobs unlinked) while it is being downloaded still streams whole
+from the open files, and an archive cut short for any other reason is shorter than its
+Content-Length, which every HTTP client reports as an error, never as a complete download.
 Deleting goes through the same removal as Tinker's DELETE (an event, then the blobs that
 nothing else references).
 """
 
 from __future__ import annotations
 
+import os
 import tarfile
-from typing import Iterator, Optional
+from typing import BinaryIO, Iterator, Optional
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
 
 from eventing.store.projections import utc
 from eventing.store.run_views import RunViews
@@ -55,30 +61,49 @@ def list_checkpoints(
 def checkpoint_archive(path: str, ctx: GatewayContext = Depends(get_ctx), caller: Caller = Depends(get_caller)) -> StreamingResponse:
     row = _visible_checkpoint(ctx, caller, path)
     blobs = blobs_of(ctx)
-    members = []
-    for name, ref in sorted(row.files.items()):
-        # BlobStore keeps its layout private; a streamed file needs its path, as downloads do.
-        file = blobs._path(row.tenant, ref["sha256"])
-        if not file.is_file():
-            raise Gone(f"a file of {path!r} is no longer stored: the checkpoint was deleted or expired")
-        members.append((name, file, int(ref["size"])))
     mtime = int(utc(row.created_at).timestamp()) if row.created_at is not None else 0
-    filename = f"{row.run_id}-{row.kind}-{row.checkpoint_id.split('/', 1)[1]}.tar".replace("/", "_").replace(":", "_")
-
-    def stream() -> Iterator[bytes]:
-        for name, file, size in members:
+    members: list[tuple[bytes, BinaryIO, int]] = []
+    try:
+        for name, ref in sorted(row.files.items()):
+            # BlobStore keeps its layout private; a streamed file needs its path, as downloads do.
+            # Opened now: an open file reads whole even after its blob is deleted.
+            handle = open(blobs._path(row.tenant, ref["sha256"]), "rb")
+            size = os.fstat(handle.fileno()).st_size
             info = tarfile.TarInfo(name)
             info.size, info.mtime, info.mode = size, mtime, 0o644
-            yield info.tobuf(format=tarfile.PAX_FORMAT)
-            with open(file, "rb") as handle:
-                while chunk := handle.read(CHUNK):
-                    yield chunk
-            if size % tarfile.BLOCKSIZE:
-                yield b"\0" * (tarfile.BLOCKSIZE - size % tarfile.BLOCKSIZE)
-        yield b"\0" * (2 * tarfile.BLOCKSIZE)  # the end-of-archive marker
+            members.append((info.tobuf(format=tarfile.PAX_FORMAT), handle, size))
+    except FileNotFoundError:
+        _close(members)
+        raise Gone(f"a file of {path!r} is no longer stored: the checkpoint was deleted or expired") from None
+    filename = f"{row.run_id}-{row.kind}-{row.checkpoint_id.split('/', 1)[1]}.tar".replace("/", "_").replace(":", "_")
+    length = sum(len(header) + size + _padding(size) for header, _, size in members) + 2 * tarfile.BLOCKSIZE
 
-    headers = {"Content-Disposition": f'attachment; filename="{filename}"'}
-    return StreamingResponse(stream(), media_type="application/x-tar", headers=headers)
+    def stream() -> Iterator[bytes]:
+        try:
+            for header, handle, size in members:
+                yield header
+                left = size
+                while left > 0 and (chunk := handle.read(min(CHUNK, left))):
+                    left -= len(chunk)
+                    yield chunk
+                if left:  # the file shrank under us: end short, so the client sees an error
+                    raise RuntimeError(f"a file of {path!r} changed while it was read")
+                yield b"\0" * _padding(size)
+            yield b"\0" * (2 * tarfile.BLOCKSIZE)  # the end-of-archive marker
+        finally:
+            _close(members)
+
+    headers = {"Content-Disposition": f'attachment; filename="{filename}"', "Content-Length": str(length)}
+    return StreamingResponse(stream(), media_type="application/x-tar", headers=headers, background=BackgroundTask(_close, members))
+
+
+def _padding(size: int) -> int:
+    return -size % tarfile.BLOCKSIZE
+
+
+def _close(members) -> None:
+    for _, handle, _ in members:
+        handle.close()
 
 
 @router.delete("/checkpoints")

@@ -152,6 +152,8 @@ def check_ttl(ttl_seconds: Optional[int]) -> Optional[int]:
 
 
 MAX_PAGE = 1000
+# An offset past any table; larger ones overflow the databases' 64-bit integers (a 500).
+MAX_OFFSET = 2**31 - 1
 
 
 def check_page(limit: int, offset: int) -> None:
@@ -159,6 +161,8 @@ def check_page(limit: int, offset: int) -> None:
         raise InvalidRequest(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
     if offset < 0:
         raise InvalidRequest(f"offset must not be negative, got {offset}")
+    if offset > MAX_OFFSET:
+        raise InvalidRequest(f"offset must be at most {MAX_OFFSET}, got {offset}")
 
 
 def check_scope(access_scope: str) -> None:

@@ -13,7 +13,7 @@ from functions.gateway.routes.models import resolve_checkpoint
 from functions.gateway.routes.futures import submitted_key
 from functions.gateway.submit import submit
 from functions.compute.weight_sync import MANIFEST
-from openrl_core.errors import InvalidRequest, NotFound
+from openrl_core.errors import Gone, InvalidRequest, NotFound
 from openrl_core.events import new_event
 from openrl_core.events.lifecycle import BlobRef
 from openrl_core.events.sampling import SAMPLE, SAMPLING_SESSION_CREATED, SampleRequested, SamplingSessionCreated
@@ -98,6 +98,7 @@ async def asample(request: Request, ctx: GatewayContext = Depends(get_ctx), tena
     if session is None:
         raise NotFound(f"unknown sampling_session_id {body.sampling_session_id!r}")
     require_open_sampler(session, body.sampling_session_id)
+    _require_weights(ctx, tenant, session)
     files = ctx.models.files(session.base_model)
     prompt = _prompt_tokens(body)
     _validate(body, prompt, files.vocab_size, files.max_context)
@@ -110,6 +111,7 @@ async def asample(request: Request, ctx: GatewayContext = Depends(get_ctx), tena
         base_model=session.base_model,
         adapter=session.adapter,
         weights=session.weights,
+        run_id=session.run_id,
         prompt_tokens=prompt,
         num_samples=body.num_samples,
         sampling_params=_explicit_budget(body.sampling_params, len(prompt), files.max_context),
@@ -148,8 +150,10 @@ def _explicit_budget(params: SamplingParams, prompt_tokens: int, max_context: in
 def _prompt_tokens(body: SampleRequest) -> list[int]:
     tokens: list[int] = []
     for index, chunk in enumerate(body.prompt.chunks):
-        if chunk.type != "encoded_text" or chunk.tokens is None:
+        if chunk.type != "encoded_text":
             raise InvalidRequest(f"prompt.chunks[{index}] is a {chunk.type!r} chunk; only text models are served")
+        if chunk.tokens is None:
+            raise InvalidRequest(f"prompt.chunks[{index}] is an encoded_text chunk without tokens")
         tokens.extend(chunk.tokens)
     return tokens
 
@@ -184,3 +188,18 @@ def _validate(body: SampleRequest, prompt: list[int], vocab_size: int, max_conte
     asked = [name for name, value in unsupported.items() if value]
     if asked:
         raise InvalidRequest(f"{', '.join(asked)} not supported by this server yet")
+
+
+def _require_weights(ctx: GatewayContext, tenant: str, session) -> None:
+    """A superseded sampler version's weights are collected (`openrl_core.retention`): say so
+    with a 410 (the SDK does not retry it) rather than fail the sample in the sampler."""
+    refs = list((session.adapter or {}).values()) + ([session.weights] if session.weights else [])
+    blobs = ctx.store.codec.blobs
+    if blobs is None or all(blobs.exists(tenant, BlobRef.model_validate(ref)) for ref in refs):
+        return
+    raise Gone(
+        f"sampling session {session.sampling_session_id!r} samples superseded weights that are no longer stored "
+        f"(a training run keeps its {ctx.settings.sampler_versions_kept} newest sampler versions); sample from a newer "
+        "one, or save a named checkpoint (save_weights_for_sampler with a name) to keep weights"
+    )
+

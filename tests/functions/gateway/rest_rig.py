@@ -20,6 +20,7 @@ from openrl_core.events.lifecycle import CheckpointSaved, RequestCompleted
 from openrl_core.settings import Settings
 
 ALICE, BOB = "tml-rest-alice", "tml-rest-bob"
+OPERATOR = "tml-rest-operator"  # sees every tenant on /api/openrl/v1, and is nobody's key elsewhere
 MODEL = "openrl/tiny-qwen3"
 SAVE_ROUTE = {
     "weights": ("/api/v1/save_weights", te.SAVE_WEIGHTS),
@@ -30,7 +31,7 @@ SAVE_ROUTE = {
 
 @pytest.fixture
 def rest(tmp_path, tiny_files):
-    settings = Settings(data_dir=tmp_path, models=[MODEL], api_keys=[f"alice={ALICE}", f"bob={BOB}"])
+    settings = Settings(data_dir=tmp_path, models=[MODEL], api_keys=[f"alice={ALICE}", f"bob={BOB}"], operator_api_key=OPERATOR)
     runtime = Runtime(settings)
     with TestClient(create_app(runtime.gateway_context())) as client:
         yield Rig(client, runtime)

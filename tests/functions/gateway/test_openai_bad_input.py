@@ -42,8 +42,15 @@ def api(tmp_path, tiny_files):
 
 
 def stored_events(runtime) -> int:
+    """Every stored event but the audit records of refused lookups (a 404 to a known key
+    leaves exactly one, as on the Tinker routes; `refused_lookups` counts them)."""
     with runtime.store.engine.connect() as conn:
-        return conn.execute(select(func.count()).select_from(tables.events)).scalar()
+        return conn.execute(select(func.count()).select_from(tables.events)).scalar() - refused_lookups(runtime)
+
+
+def refused_lookups(runtime) -> int:
+    with runtime.store.engine.connect() as conn:
+        return conn.execute(select(func.count()).where(tables.events.c.type.contains("access.lookup.refused"))).scalar()
 
 
 def test_errors_have_openais_shape_and_status(api):
@@ -70,7 +77,7 @@ def test_no_chat_template_and_other_refusals_store_nothing(api):
     client, runtime = api
     oai = openai.OpenAI(base_url="http://testserver/v1", api_key=ALICE, http_client=client, max_retries=0)
     assert {m.id for m in oai.models.list()} == {MODEL, PLAIN}
-    before = stored_events(runtime)
+    before, refusals = stored_events(runtime), refused_lookups(runtime)
     with pytest.raises(openai.BadRequestError, match="has no chat template") as refused:
         oai.chat.completions.create(model=PLAIN, messages=MESSAGES, max_tokens=2)
     assert refused.value.status_code == 400
@@ -87,6 +94,7 @@ def test_no_chat_template_and_other_refusals_store_nothing(api):
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url="http://testserver/v1", api_key="tml-wrong", http_client=client, max_retries=0).models.list()
     assert stored_events(runtime) == before
+    assert refused_lookups(runtime) == refusals + 1  # the unknown model, probed with a Bearer key
 
 
 # -- a sample that fails in the sampler -------------------------------------------------------

@@ -21,7 +21,7 @@ from eventing.store import tables
 from functions.audit import AuditConsumer, AuditJournal, read_entries
 from functions.gateway import downloads
 from functions.gateway.routes import unsupported
-from tests.functions.gateway.rest_rig import BOB, MODEL, rest  # noqa: F401  (fixture)
+from tests.functions.gateway.rest_rig import ALICE, BOB, MODEL, OPERATOR, rest  # noqa: F401  (fixture)
 
 Case = tuple[str, str, Optional[dict]]  # method, path, JSON body
 NO_OBJECT_IDS = {
@@ -38,10 +38,19 @@ NO_OBJECT_IDS = {
     ("GET", "/api/v1/billing/usage/checkpoints/current"): "not offered, for anyone",
     ("GET", "/api/v1/audit"): "not offered, for anyone",
     ("POST", "/api/v1/sessions/search"): "not offered, for anyone",
+    ("GET", "/api/openrl/v1/runs"): "a list of the caller's own (test_lists_hold_only_the_callers_objects)",
+    ("GET", "/api/openrl/v1/sessions"): "a list of the caller's own (test_lists_hold_only_the_callers_objects)",
+    ("GET", "/v1/models"): "the catalogue and a list of the caller's own (test_lists_hold_only_the_callers_objects)",
+    ("GET", "/api/openrl/v1/timeline"): "no id; other tenants' entries are redacted (tests/functions/gateway/test_dashboard_api.py)",
+    ("GET", "/dashboard"): "a static page that holds no data",
+    ("GET", "/dashboard/{name}"): "the page's static script and stylesheet",
 }
+OPENRL = "/api/openrl/v1"
 # Tinker features this server refuses for everyone (a 404 that is no lookup, not audited).
 NOT_OFFERED = {route.path for route in unsupported.router.routes}
 CKPT = "/api/v1/training_runs/{run_id}/checkpoints/{rest}"
+COMPLETION = {"prompt": "hello", "max_tokens": 2}
+CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
 SAMPLE_BODY = {"num_samples": 1, "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]}, "sampling_params": {"max_tokens": 4}}
 
 
@@ -110,6 +119,10 @@ def cases(i: dict[str, str], bob: dict[str, str], seq: Callable[[], int]) -> dic
             ("POST", "/api/v1/copy_weights", {"source_path": i["weights"], "session_id": bob["session"], "model_seq_id": seq()}),
             ("POST", "/api/v1/copy_weights", {"source_path": bob["weights"], "session_id": i["session"], "model_seq_id": 9}),
         ],
+        # OpenRL's own API, the dashboard's and the fork's routes (the rest are below).
+        ("GET", f"{OPENRL}/runs/{{run_id}}/events"): [("GET", f"{OPENRL}/runs/{i['model']}/events", None)],
+        ("GET", f"{OPENRL}/runs/{{run_id}}/sampling"): [("GET", f"{OPENRL}/runs/{i['model']}/sampling", None)],
+        ("POST", "/api/openrl/v1/runs/{run_id}/fork"): [("POST", f"/api/openrl/v1/runs/{i['model']}/fork", {"step": 0, "wait_seconds": 0})],
         # A download link is its own authorisation: bob's valid link moved onto the other
         # tenant's name or blob, and the other tenant's blob under bob's signature.
         ("GET", "/api/v1/downloads/{tenant}/{sha256}/{filename}"): [
@@ -117,7 +130,46 @@ def cases(i: dict[str, str], bob: dict[str, str], seq: Callable[[], int]) -> dic
             ("GET", bob["link"].replace(bob["sha"], i["sha"]), None),
             ("GET", bob["link"].replace(f"/downloads/bob/{bob['sha']}/", f"/downloads/{i['tenant']}/{i['sha']}/"), None),
         ],
+        # OpenRL's own API: a tenant's key sees its own runs only (the operator's: test_the_operator_key_*).
+        ("GET", OPENRL + "/runs/{run_id}"): [("GET", f"{OPENRL}/runs/{i['model']}", None)],
+        ("GET", OPENRL + "/runs/{run_id}/metrics"): [("GET", f"{OPENRL}/runs/{i['model']}/metrics", None)],
+        ("POST", OPENRL + "/runs/{run_id}/cancel"): [("POST", f"{OPENRL}/runs/{i['model']}/cancel", {"reason": "probe"})],
+        ("GET", OPENRL + "/checkpoints"): [("GET", f"{OPENRL}/checkpoints?run_id={i['model']}", None)],
+        ("GET", OPENRL + "/checkpoints/archive"): [
+            ("GET", f"{OPENRL}/checkpoints/archive?path={i['weights']}", None),
+            ("GET", f"{OPENRL}/checkpoints/archive?path={i['sampler_weights']}", None),
+        ],
+        ("DELETE", OPENRL + "/checkpoints"): [
+            ("DELETE", f"{OPENRL}/checkpoints?path={i['weights']}", None),
+            ("DELETE", f"{OPENRL}/checkpoints?path={i['sampler_weights']}", None),
+        ],
+        # The OpenAI-compatible endpoint: a checkpoint path as `model` (sent with a Bearer key).
+        ("GET", "/v1/models/{model}"): [
+            ("GET", f"/v1/models/{i['sampler_weights']}", None),
+            ("GET", f"/v1/models/{i['weights']}", None),
+        ],
+        ("POST", "/v1/completions"): [
+            ("POST", "/v1/completions", {"model": i["sampler_weights"], **COMPLETION}),
+            ("POST", "/v1/completions", {"model": i["weights"], **COMPLETION, "stream": True}),
+        ],
+        ("POST", "/v1/chat/completions"): [
+            ("POST", "/v1/chat/completions", {"model": i["sampler_weights"], **CHAT}),
+            ("POST", "/v1/chat/completions", {"model": i["weights"], **CHAT, "stream": True}),
+        ],
     }
+
+
+def as_bob(rest, method: str, path: str, body: Optional[dict]):
+    """Bob's request, his key sent the way the route's clients send it (OpenAI's: Bearer)."""
+    if path.startswith("/v1/"):
+        return rest.request(method, path, body, key=None, headers={"Authorization": f"Bearer {BOB}"})
+    return rest.request(method, path, body, key=BOB)
+
+
+def detail_of(response) -> str:
+    """The refusal's message, in Tinker's shape or (under /v1/) OpenAI's."""
+    body = response.json()
+    return body["detail"] if "detail" in body else body["error"]["message"]
 
 
 def app_routes(app) -> set[tuple[str, str]]:
@@ -216,14 +268,14 @@ def test_every_route_answers_another_tenants_ids_as_if_they_did_not_exist(rest, 
     not_found = []
     for route in sorted(foreign_cases):
         for (method, path, body), (_, ghost_path, ghost_body) in zip(foreign_cases[route], ghost_cases[route]):
-            foreign = rest.request(method, path, body, key=BOB)
-            missing = rest.request(method, ghost_path, ghost_body, key=BOB)
+            foreign = as_bob(rest, method, path, body)
+            missing = as_bob(rest, method, ghost_path, ghost_body)
             what = f"{method} {anonymised(path, alice)} {anonymised(json.dumps(body), alice)}"
             assert foreign.status_code == missing.status_code, f"{what}: {foreign.status_code} {foreign.text} / {missing.status_code} {missing.text}"
             assert anonymised(foreign.text, alice) == anonymised(missing.text, ghost), what
             assert foreign.status_code != 200 or route[1] == "/api/v1/telemetry", f"{what} succeeded: {foreign.text}"
             if foreign.status_code == 404 and route[1] not in NOT_OFFERED:
-                not_found.append(anonymised(foreign.json()["detail"], alice))
+                not_found.append(anonymised(detail_of(foreign), alice))
     assert len(not_found) >= 25  # most routes look an id up; their refusals are what the audit shows
 
     assert alice_rows(rest) == before  # nothing of alice's changed
@@ -251,11 +303,63 @@ def test_every_route_answers_another_tenants_ids_as_if_they_did_not_exist(rest, 
 def test_lists_hold_only_the_callers_objects(rest):
     alice = alice_objects(rest)
     bob = bob_objects(rest)
-    for path in ("/api/v1/training_runs", "/api/v1/checkpoints", "/api/v1/sessions"):
-        text = rest.request("GET", path, key=BOB).text
-        assert not any(value in text for name, value in alice.items() if name != "tenant"), path
+    lists = ["/api/v1/training_runs", "/api/v1/checkpoints", "/api/v1/sessions", "/v1/models"]
+    lists += [f"{OPENRL}/{what}" for what in ("runs", "runs?status=active", "checkpoints", "sessions")]
+    for path in lists:
+        response = as_bob(rest, "GET", path, None)
+        assert response.status_code == 200, (path, response.text)
+        assert not any(value in response.text for name, value in alice.items() if name != "tenant"), path
+        assert '"alice"' not in response.text, path
     assert rest.ok("GET", "/api/v1/sessions", key=BOB)["sessions"] == [bob["session"]]
     assert [run["training_run_id"] for run in rest.ok("GET", "/api/v1/training_runs", key=BOB)["training_runs"]] == [bob["model"]]
+    assert [run["run_id"] for run in rest.ok("GET", f"{OPENRL}/runs", key=BOB)["runs"]] == [bob["model"]]
+    assert [s["session_id"] for s in rest.ok("GET", f"{OPENRL}/sessions", key=BOB)["sessions"]] == [bob["session"]]
+    assert {c["run_id"] for c in rest.ok("GET", f"{OPENRL}/checkpoints", key=BOB)["checkpoints"]} == {bob["model"]}
+    # alice's own sampler weights are hers to list as a model
+    mine = rest.request("GET", "/v1/models", key=None, headers={"Authorization": f"Bearer {ALICE}"}).json()["data"]
+    assert alice["sampler_weights"] in {card["id"] for card in mine}
+
+
+def test_the_operator_key_sees_every_tenant_on_the_openrl_api_and_nothing_elsewhere(rest):
+    alice, bob = alice_objects(rest), bob_objects(rest)
+    runs = rest.ok("GET", f"{OPENRL}/runs", key=OPERATOR)["runs"]
+    assert {(run["run_id"], run["tenant"]) for run in runs} == {(alice["model"], "alice"), (bob["model"], "bob")}
+    assert {s["session_id"] for s in rest.ok("GET", f"{OPENRL}/sessions", key=OPERATOR)["sessions"]} == {alice["session"], bob["session"]}
+    assert rest.ok("GET", f"{OPENRL}/runs/{alice['model']}", key=OPERATOR)["run"]["tenant"] == "alice"
+    assert rest.ok("GET", f"{OPENRL}/checkpoints?run_id={alice['model']}", key=OPERATOR)["checkpoints"]
+    archive = rest.request("GET", f"{OPENRL}/checkpoints/archive?path={alice['weights']}", key=OPERATOR)
+    assert archive.status_code == 200 and archive.headers["content-type"] == "application/x-tar"
+
+    # Anywhere else the operator's key is nobody's: every Tinker and OpenAI route refuses it
+    # as an unknown key, however it is sent, before looking anything up.
+    counter = iter(range(100, 10_000))
+    checked = 0
+    for route, requests in sorted(cases(alice, bob, lambda: next(counter)).items()):
+        if route[1].startswith(OPENRL) or route[1].startswith("/api/v1/downloads/"):
+            continue  # the OpenRL API is the operator's; a download link is its own authorisation
+        for method, path, body in requests:
+            for headers in ({"X-API-Key": OPERATOR}, {"Authorization": f"Bearer {OPERATOR}"}):
+                response = rest.request(method, path, body, key=None, headers=headers)
+                if "X-API-Key" not in headers and not path.startswith("/v1/"):
+                    assert response.status_code == 401, (path, response.text)  # Tinker takes no Bearer key
+                    continue
+                assert response.status_code == 401, (method, path, headers, response.status_code, response.text)
+                assert "unknown API key" in detail_of(response), response.text
+                checked += 1
+    assert checked >= 40
+    assert rest.request("GET", "/v1/models", key=None, headers={"Authorization": f"Bearer {OPERATOR}"}).status_code == 401
+    assert rest.request("POST", "/api/v1/create_session", {"tags": []}, key=OPERATOR).status_code == 401
+
+
+def test_openrl_lists_hold_only_the_callers_objects(rest):
+    alice = alice_objects(rest)
+    bob = bob_objects(rest)
+    for path in (f"{OPENRL}/runs", f"{OPENRL}/sessions", f"{OPENRL}/checkpoints"):
+        text = rest.request("GET", path, key=BOB).text
+        assert not any(value in text for name, value in alice.items() if name != "tenant"), path
+    assert [run["run_id"] for run in rest.ok("GET", f"{OPENRL}/runs", key=BOB)["runs"]] == [bob["model"]]
+    assert [s["session_id"] for s in rest.ok("GET", f"{OPENRL}/sessions", key=BOB)["sessions"]] == [bob["session"]]
+    assert [run["run_id"] for run in rest.ok("GET", f"{OPENRL}/runs")["runs"]] == [alice["model"]]
 
 
 def test_a_download_link_is_bound_to_its_tenant_blob_and_expiry(rest):

@@ -98,3 +98,31 @@ def test_adapters_are_cached_by_content_and_evicted_least_recently_used(rig, tin
     send(publisher, request("first-again", adapter=refs[0]))  # reloaded after eviction
     done = collect(worker, completions, codec, 2)
     assert done["again"].type == done["first-again"].type == SAMPLE["completed"]
+
+
+def test_a_runs_superseded_versions_are_dropped_first(tmp_path, tiny_files):
+    log = EmbeddedLog(tmp_path / "log.db")
+    codec = Codec(BlobStore(tmp_path / "blobs"))
+    publisher = EventPublisher(log, codec)
+    models = ModelDirectory(Catalog.from_names([TINY_QWEN3]))
+    worker = SamplerWorker(log, publisher, codec.blobs, models, max_adapters=8, max_run_versions=2)
+    completions = log.consumer("test", pattern=topics.pattern("completions"))
+    trainer = TrainerEngine(tiny_files)
+    trainer.create_adapter("m", LoraConfig(rank=2, seed=1))
+    versions = []
+    for i in range(4):  # four published versions of one adapter: new bytes, new keys
+        for name, param in trainer._adapters["m"].params.items():
+            if "lora_B" in name:
+                param.data.fill_(0.01 * (i + 1))
+        files = trainer.export_adapter("m")
+        versions.append({name: codec.blobs.put(TENANT, content) for name, content in files.items()})
+    other = versions[0]  # another run's session made from the same bytes is another run's version
+    plan = [("q", other, "q0"), ("r", versions[1], "r1"), ("r", versions[2], "r2"), ("r", versions[3], "r3")]
+    for run, ref, request_id in plan:
+        send(publisher, request(request_id, adapter=ref).model_copy(update={"run_id": run}))
+        assert collect(worker, completions, codec, 1)[request_id].type == SAMPLE["completed"]
+    engine = worker.engine(TINY_QWEN3)
+    key = lambda ref: f"{TENANT}:{ref['adapter_model.safetensors'].sha256}"  # noqa: E731
+    # run r keeps its two newest versions; run q's only one stays although it is the oldest
+    assert [engine.has_adapter(key(v)) for v in (other, versions[1], versions[2], versions[3])] == [True, False, True, True]
+    log.close()
