@@ -196,3 +196,30 @@ def test_quota_settings_come_from_the_environment_and_refuse_unknown_limits(monk
     monkeypatch.setenv("OPENRL_TENANT_QUOTAS", json.dumps({"alice": {"in_flight": 2}}))
     with pytest.raises(ValueError, match="unknown limits"):
         Settings(data_dir=tmp_path)
+
+
+def test_two_gateway_replicas_over_one_postgresql_store_share_the_tenants_usage(tmp_path, tiny_files, pg_url):
+    """Usage is read from the shared store, so what one replica admitted counts on the other."""
+    rigs, runtimes = [], []
+    for name in ("one", "two"):
+        settings = Settings(
+            data_dir=tmp_path / name, database_url=pg_url, models=[MODEL], api_keys=[f"alice={ALICE}", f"bob={BOB}"],
+            tenant_quotas={"alice": {"requests_in_flight": 2}},
+        )  # fmt: skip
+        runtime = Runtime(settings)
+        client = TestClient(create_app(runtime.gateway_context()))
+        client.__enter__()
+        rigs.append(Rig(client, runtime))
+        runtimes.append(runtime)
+    try:
+        one, two = rigs
+        model = ready_model(one)
+        one.ok("POST", "/api/v1/forward_backward", fwdbwd(model, 1))
+        two.ok("POST", "/api/v1/forward_backward", fwdbwd(model, 2))
+        for rig in rigs:  # both replicas see the two in flight
+            assert_refused(rig, rig.request("POST", "/api/v1/forward_backward", fwdbwd(model, 3)), "requests_in_flight", "OPENRL_TENANT_QUOTAS")
+        assert one.count_events("seq.skipped") == 0
+    finally:
+        for rig, runtime in zip(rigs, runtimes):
+            rig.client.__exit__(None, None, None)
+            runtime.close()
