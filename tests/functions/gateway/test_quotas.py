@@ -14,6 +14,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from fastapi.testclient import TestClient
 
+from eventing.store import tables
 from functions.gateway.app import create_app
 from functions.runtime import Runtime
 from openrl_core.events import new_event
@@ -148,8 +149,6 @@ def test_sampling_tokens_per_minute_is_a_sliding_window_and_covers_the_openai_ro
     # Finishing the samples frees nothing: the window counts what was submitted in the last minute.
     # Sliding it: age the first sample by 55 s; the wait is then until it leaves (about 5 s).
     with rig.runtime.engine.begin() as conn:
-        from eventing.store import tables
-
         oldest = datetime.now(timezone.utc) - timedelta(seconds=55)
         rows = conn.execute(tables.futures.select().where(tables.futures.c.kind == "sample").order_by(tables.futures.c.created_at)).all()
         conn.execute(tables.futures.update().where(tables.futures.c.request_id == rows[0].request_id).values(created_at=oldest))
