@@ -4,6 +4,10 @@ Never an empty 400: the SDK takes an empty-bodied 400 for a proxy glitch and ret
 Validation errors become a 400 whose detail names each bad field in one sentence. Under
 `/v1/` (the OpenAI-compatible routes) the same message goes out in OpenAI's error shape
 instead, because OpenAI clients read `error.message` and nothing else.
+
+The event store unreachable (PostgreSQL down or restarting, its pool exhausted) is a 503 with
+`Retry-After`, not a 500: the same request sent again later is safe
+(a sequenced request's retry is deduplicated by its seq_id), and the SDK retries it by itself.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from sqlalchemy import exc as sql_errors
 from starlette.exceptions import HTTPException
 
 from functions.gateway import refusals
@@ -33,11 +38,25 @@ def describe_validation(errors) -> str:
 
 
 OPENAI_PREFIX = "/v1/"
+# The SDK sleeps what Retry-After says (up to 60 s) before each of its 10 retries: 5 s rides
+# out about 50 s of database outage without the researcher's loop seeing an error.
+STORE_RETRY_AFTER_SECONDS = 5
+# Errors that mean "the database could not be reached", not "the statement was wrong".
+STORE_UNAVAILABLE = (sql_errors.OperationalError, sql_errors.InterfaceError, sql_errors.TimeoutError)
 
 
-def respond(request: Request, status: int, detail: str, openai_code: Optional[str] = None) -> JSONResponse:
+def respond(
+    request: Request, status: int, detail: str, openai_code: Optional[str] = None, headers: Optional[dict] = None
+) -> JSONResponse:
     body = error_body(status, detail, openai_code) if request.url.path.startswith(OPENAI_PREFIX) else {"detail": detail}
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def store_unavailable(exc: BaseException) -> bool:
+    if isinstance(exc, STORE_UNAVAILABLE):
+        return True
+    # a connection that died under a statement surfaces as a DBAPIError flagged so
+    return isinstance(exc, sql_errors.DBAPIError) and bool(exc.connection_invalidated)
 
 
 def install(app: FastAPI) -> None:
@@ -63,6 +82,14 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:
         return respond(request, exc.status_code, str(exc.detail or "error"))
+
+    @app.exception_handler(sql_errors.SQLAlchemyError)
+    async def _store(request: Request, exc: sql_errors.SQLAlchemyError) -> JSONResponse:
+        if not store_unavailable(exc):
+            return await _unexpected(request, exc)
+        log.warning("event store unavailable: %s", type(exc).__name__)  # its text may hold the URL
+        detail = f"the event store is unreachable; retry in {STORE_RETRY_AFTER_SECONDS} s"
+        return respond(request, 503, detail, "service_unavailable", {"Retry-After": str(STORE_RETRY_AFTER_SECONDS)})
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
