@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast demo bench serve models clean compat fuzz
+.PHONY: install test test-fast demo bench serve models clean compat fuzz chaos
 
 install: $(STAMP)
 
@@ -56,6 +56,15 @@ bench: install
 	$(PY) bench/delta_sync.py
 	$(PY) bench/packing.py
 	$(PY) bench/vllm_engine.py
+
+# The chaos soak, long form (tests/e2e/chaos_soak.py; the short form is in `make test`): four
+# tenants' RL loops on the distributed deployment (noida-db, PostgreSQL, a process per role),
+# once quietly and once while a seeded chaos loop kills a role or restarts the broker every
+# 20-40 s; prints a JSON report (faults, steps, outcome, wall time) and fails on any problem.
+CHAOS_ARGS ?= --steps 24 --interval 20 40 --seed 2024
+chaos: install
+	scripts/ensure-postgres
+	$(PY) -m tests.e2e.chaos_soak $(CHAOS_ARGS)
 
 # Runs every public tinker SDK method against a live server and rewrites docs/compatibility.md
 # from the cases (tests/e2e/test_sdk_surface.py); the test suite fails when the file is stale.

@@ -3,7 +3,9 @@
 Blobs hold what is too large for an event: batches, results, adapters, optimizer state.
 A blob's name is its SHA-256, so writing the same bytes twice is free and a reference can
 never point at changed content; reads verify the hash. Writes go to a temporary file that
-is renamed into place, so a reader never sees half a blob.
+is renamed into place, so a reader never sees half a blob; a write the disk has no room
+for (ENOSPC, or EDQUOT over a quota) leaves nothing behind and raises `StorageFull`, whose
+message says so without naming server paths.
 
 Blobs nothing references are collected (`functions/collector`), but never one younger
 than a grace period, by its modification time: so `put` of bytes already stored touches
@@ -12,15 +14,23 @@ the file, and a blob a writer has just (re)used is not swept before its record i
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from openrl_core.errors import NotFound, ServerError
+from openrl_core.errors import NotFound, ServerError, StorageFull
 from openrl_core.events.lifecycle import BlobRef
 from openrl_core.ids import check_tenant_name
+
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
+
+
+def storage_full(exc: OSError, what: str) -> StorageFull:
+    reason = "over its quota" if exc.errno == errno.EDQUOT else "full"
+    return StorageFull(f"the data disk is {reason}: {what} could not be stored (nothing was kept); retry once space is freed")
 
 
 class BlobStore:
@@ -34,17 +44,22 @@ class BlobStore:
         try:
             os.utime(path)  # already stored: now counts as just written (see the docstring)
         except FileNotFoundError:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            except OSError as exc:
+                raise (storage_full(exc, f"a blob of {len(data)} bytes") if exc.errno in NO_ROOM else exc) from None
             try:
                 with os.fdopen(fd, "wb") as handle:
                     handle.write(data)
                     handle.flush()
                     os.fsync(handle.fileno())
                 os.replace(tmp, path)
-            except BaseException:
+            except BaseException as exc:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
+                if isinstance(exc, OSError) and exc.errno in NO_ROOM:
+                    raise storage_full(exc, f"a blob of {len(data)} bytes") from None
                 raise
         return BlobRef(sha256=digest, size=len(data))
 

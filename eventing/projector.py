@@ -4,6 +4,10 @@ It consumes the completions stream of every tenant (by pattern), appends each ev
 idempotently (a redelivered event id is a no-op), commits the log offsets only after the
 store has committed, and only then notifies long-polls. Requests are not read here: the
 gateway stores them itself before publishing (outbox), so they are never missing.
+
+A batch the store could not take (the database is down) is retried as it is until it can:
+the consumer's position has already moved past it, so polling on would skip it and the next
+commit would record it as done, leaving its futures pending forever.
 """
 
 from __future__ import annotations
@@ -26,9 +30,11 @@ class Projector:
         self.store = store
         self.notifier = notifier
         self.consumer = bus.consumer(group, pattern=topics.pattern("completions"), instance_id=instance_id)
+        self._unstored: list = []  # a polled batch the store has not taken yet
 
     def run_once(self, timeout: float = 1.0) -> int:
-        records = self.consumer.poll(max_records=256, timeout=timeout)
+        records = self._unstored or self.consumer.poll(max_records=256, timeout=timeout)
+        self._unstored = records  # until every event is stored; appending again is a no-op
         woken: list[str] = []
         for record in records:
             try:
@@ -40,6 +46,7 @@ class Projector:
             request_id = getattr(event.data, "request_id", None)
             if request_id:
                 woken.append(request_id)
+        self._unstored = []
         if records:
             # The store has committed: wake the long-polls first, then record the offsets
             # (an fsync the waiting clients need not sit through).

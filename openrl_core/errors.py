@@ -64,3 +64,10 @@ class PayloadTooLarge(UserError):
 class ServerError(OpenRLError, RuntimeError):
     category = "server"
     http_status = 500
+
+
+class StorageFull(ServerError):
+    """The data disk (blobs, snapshots) has no room: nothing half-written was kept; the same
+    request succeeds once space is freed. 507 Insufficient Storage, a server error."""
+
+    http_status = 507

@@ -5,6 +5,10 @@ Validation errors become a 400 whose detail names each bad field in one sentence
 refusal is a 429 with a `Retry-After` header. Under
 `/v1/` (the OpenAI-compatible routes) the same message goes out in OpenAI's error shape
 instead, because OpenAI clients read `error.message` and nothing else.
+
+The event store unreachable (PostgreSQL down or restarting, its pool exhausted) is a 503 with
+`Retry-After`, not a 500: the same request sent again later is safe
+(a sequenced request's retry is deduplicated by its seq_id), and the SDK retries it by itself.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from sqlalchemy import exc as sql_errors
 from starlette.exceptions import HTTPException
 
 from functions.gateway import refusals
@@ -36,6 +41,11 @@ def describe_validation(errors) -> str:
 
 
 OPENAI_PREFIX = openai_wire.PREFIX
+# The SDK sleeps what Retry-After says (up to 60 s) before each of its 10 retries: 5 s rides
+# out about 50 s of database outage without the researcher's loop seeing an error.
+STORE_RETRY_AFTER_SECONDS = 5
+# Errors that mean "the database could not be reached", not "the statement was wrong".
+STORE_UNAVAILABLE = (sql_errors.OperationalError, sql_errors.InterfaceError, sql_errors.TimeoutError)
 
 
 def respond(
@@ -66,6 +76,13 @@ def allowed_methods(request: Request) -> list[str]:
 
     walk(request.app.router.routes)
     return sorted(literal or templated)
+
+
+def store_unavailable(exc: BaseException) -> bool:
+    if isinstance(exc, STORE_UNAVAILABLE):
+        return True
+    # a connection that died under a statement surfaces as a DBAPIError flagged so
+    return isinstance(exc, sql_errors.DBAPIError) and bool(exc.connection_invalidated)
 
 
 def install(app: FastAPI) -> None:
@@ -100,6 +117,14 @@ def install(app: FastAPI) -> None:
         if exc.status_code == 405:
             headers["Allow"] = ", ".join(allowed_methods(request))
         return respond(request, exc.status_code, str(exc.detail or "error"), headers=headers or None)
+
+    @app.exception_handler(sql_errors.SQLAlchemyError)
+    async def _store(request: Request, exc: sql_errors.SQLAlchemyError) -> JSONResponse:
+        if not store_unavailable(exc):
+            return await _unexpected(request, exc)
+        log.warning("event store unavailable: %s", type(exc).__name__)  # its text may hold the URL
+        detail = f"the event store is unreachable; retry in {STORE_RETRY_AFTER_SECONDS} s"
+        return respond(request, 503, detail, "service_unavailable", {"Retry-After": str(STORE_RETRY_AFTER_SECONDS)})
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

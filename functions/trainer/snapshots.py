@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Optional
 
-from eventing.blobs import BlobStore
+from eventing.blobs import NO_ROOM, BlobStore, storage_full
 from openrl_core.events.recovery import SnapshotTaken
 from openrl_core.params import LoraConfig
 
@@ -54,12 +54,22 @@ class SnapshotStore:
     def write(self, tenant: str, snapshot: SnapshotTaken) -> None:
         path = self._pointer(tenant, snapshot.model_id)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        with os.fdopen(fd, "w") as handle:
-            handle.write(snapshot.model_dump_json())
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        try:
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        except OSError as exc:
+            raise (storage_full(exc, "a snapshot pointer") if exc.errno in NO_ROOM else exc) from None
+        try:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(snapshot.model_dump_json())
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException as exc:  # the previous pointer stays; no half-written file is left
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            if isinstance(exc, OSError) and exc.errno in NO_ROOM:
+                raise storage_full(exc, "a snapshot pointer") from None
+            raise
 
     def latest(self, tenant: str, model_id: str) -> Optional[SnapshotTaken]:
         path = self._pointer(tenant, model_id)

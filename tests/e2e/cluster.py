@@ -24,9 +24,11 @@ MODEL = "openrl/tiny-qwen3"
 
 class Cluster:
     def __init__(
-        self, root: Path, database_url: str, snapshot_every: int = 2, timeslicer: bool = False, extra_env: Optional[dict] = None
+        self, root: Path, database_url: str, snapshot_every: int = 2, timeslicer: bool = False, extra_env: Optional[dict] = None,
+        keys: str = KEYS,
     ) -> None:
         self.root = root
+        self.keys = keys
         self.database_url = database_url
         self.broker = NoidaBroker(root / "broker").start()
         self.env = {
@@ -46,7 +48,7 @@ class Cluster:
             self.env["OPENRL_TIMESLICER_SOCKET"] = str(self.socket)
 
     def start_timeslicer(self) -> LocalProcess:
-        process = LocalProcess(self.data, "timeslicer", KEYS, ["--http-port", "0"], self.env)
+        process = LocalProcess(self.data, "timeslicer", self.keys, ["--http-port", "0"], self.env)
         self.workers["timeslicer"] = process
         return process.wait_ready()
 
@@ -62,11 +64,11 @@ class Cluster:
 
     def start_role(self, role: str) -> LocalProcess:
         args = ["--base-model", MODEL] if role in ("trainer", "sampler") else []
-        self.workers[role] = LocalProcess(self.data, role, KEYS, args, self.env)
+        self.workers[role] = LocalProcess(self.data, role, self.keys, args, self.env)
         return self.workers[role]
 
     def start_gateway(self, port: Optional[int] = None) -> LocalServer:
-        self.gateway = LocalServer(self.data, [MODEL], KEYS, self.env, role="gateway", port=port)
+        self.gateway = LocalServer(self.data, [MODEL], self.keys, self.env, role="gateway", port=port)
         return self.gateway.wait_ready()
 
     @property
@@ -81,7 +83,7 @@ class Cluster:
 
     def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         """An `openrl` command against this deployment, run to completion."""
-        env = dict(os.environ, OPENRL_API_KEYS=KEYS, **self.env)
+        env = dict(os.environ, OPENRL_API_KEYS=self.keys, **self.env)
         command = [sys.executable, "-m", "functions.cli", *args, "--data-dir", str(self.data)]
         return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
