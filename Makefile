@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast demo bench serve models clean compat
+.PHONY: install test test-fast demo demo-long recipe-sql recipe-rlvr autoresearch bench serve models clean compat
 
 install: $(STAMP)
 
@@ -33,8 +33,23 @@ test: install
 test-fast: install
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not e2e and not slow"
 
+# Each recipe starts `openrl serve` with SmolLM2-135M-Instruct (scripts/recipe), runs an example
+# from examples/ against it with the tinker SDK and writes its curve (JSONL + PNG) under out/.
 demo: install
 	scripts/demo
+
+# The first, longer Pig Latin run: 4,800 words, a constant learning rate, the bare word.
+demo-long: install
+	scripts/demo --train-words 4800 --constant-lr --bare-word --out out/pig_latin_long
+
+recipe-sql: install
+	scripts/recipe examples/text_to_sql_rl.py
+
+recipe-rlvr: install
+	scripts/recipe examples/rlvr_arithmetic.py
+
+autoresearch: install
+	scripts/recipe examples/autoresearch_sql.py
 
 bench: install
 	$(PY) bench/fwdbwd_roundtrip.py
