@@ -45,7 +45,7 @@ def run_name(lr: float, rank: int, group: int) -> str:
 
 def launch(name: str, lr: float, rank: int, group: int, args) -> subprocess.Popen:
     command = [sys.executable, RECIPE, "--learning-rate", str(lr), "--rank", str(rank), "--group-size", str(group),
-               "--steps", str(args.steps), "--batch-size", str(args.batch_size), "--eval-size", str(args.eval_size),
+               "--steps", str(args.steps), "--batch-size", str(args.batch_size), "--eval-size", str(args.eval_size), "--max-tokens", str(args.max_tokens),
                "--base-model", args.base_model, "--seed", str(args.seed), "--out", os.path.join(args.out, name), "--label", name]
     log = open(os.path.join(args.out, name + ".log"), "w")
     # Each run's own progress lines go to its log; this process prints a line per finished run.
@@ -103,9 +103,10 @@ def main() -> None:
     parser.add_argument("--ranks", type=ints, default=ints("16"))
     parser.add_argument("--group-sizes", type=ints, default=ints("4,8"))
     parser.add_argument("--parallel", type=int, default=4, help="runs in flight at once")
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--eval-size", type=int, default=24)
+    parser.add_argument("--eval-size", type=int, default=20)
+    parser.add_argument("--max-tokens", type=int, default=28)
     parser.add_argument("--base-model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="out/autoresearch")

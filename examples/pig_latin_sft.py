@@ -44,16 +44,21 @@ def vocabulary_words(tokenizer, count: int, seed: int) -> list[str]:
     return ordered[:count]
 
 
+def spell(word: str) -> str:
+    return " ".join(word)
+
+
 def prompt_tokens(tokenizer, word: str, spelled: bool) -> list[int]:
     # ChatML without the template's default system prompt: far fewer tokens than its ~40, so
     # a step on the CPU costs a fraction as much and the answer tokens carry the whole loss.
-    shown = " ".join(word) if spelled else word
+    shown = spell(word) if spelled else word
     return tokenizer.encode(f"<|im_start|>user\nPig Latin: {shown}<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
 
 
 def make_datum(tokenizer, word: str, spelled: bool) -> types.Datum:
     prompt = prompt_tokens(tokenizer, word, spelled)
-    answer = tokenizer.encode(pig_latin(word) + "<|im_end|>", add_special_tokens=False)
+    target = spell(pig_latin(word)) if spelled else pig_latin(word)
+    answer = tokenizer.encode(target + "<|im_end|>", add_special_tokens=False)
     tokens = prompt + answer
     weights = [0.0] * (len(prompt) - 1) + [1.0] * len(answer)
     return types.Datum(
@@ -64,7 +69,7 @@ def make_datum(tokenizer, word: str, spelled: bool) -> types.Datum:
 
 def accuracy(sampler, tokenizer, words: list[str], spelled: bool) -> float:
     """Greedy decoding, all requests in flight at once so the server can batch them."""
-    params = types.SamplingParams(max_tokens=16, temperature=0.0)
+    params = types.SamplingParams(max_tokens=24, temperature=0.0)
     futures = [
         sampler.sample(prompt=types.ModelInput.from_ints(prompt_tokens(tokenizer, w, spelled)), num_samples=1, sampling_params=params)
         for w in words
@@ -72,7 +77,8 @@ def accuracy(sampler, tokenizer, words: list[str], spelled: bool) -> float:
     correct = 0
     for word, future in zip(words, futures):
         text = tokenizer.decode(future.result().sequences[0].tokens, skip_special_tokens=True).strip()
-        correct += text == pig_latin(word)
+        # Spelled answers are compared letter for letter: the same word, its spaces dropped.
+        correct += (text.replace(" ", "") if spelled else text) == pig_latin(word)
     return correct / len(words)
 
 
@@ -88,7 +94,7 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--learning-rate", type=float, default=3e-3, help="peak; decays linearly to 0 over the run")
     parser.add_argument("--constant-lr", action="store_true", help="no decay (the first version of this demo)")
-    parser.add_argument("--bare-word", action="store_true", help="prompt with the word itself, not spelled out")
+    parser.add_argument("--bare-word", action="store_true", help="the word and its translation as such, not spelled out")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="out/pig_latin", help="writes <out>.jsonl, <out>.png, <out>.summary.json")
     args = parser.parse_args()

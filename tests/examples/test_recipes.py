@@ -23,8 +23,9 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def curve(stem: Path) -> list[dict]:
-    rows = [json.loads(line) for line in stem.with_suffix(".jsonl").read_text().splitlines()]
-    assert stem.with_suffix(".png").read_bytes()[:8] == PNG_MAGIC
+    # Run names such as "lr0.001_r4_g2" hold dots, so no Path.with_suffix here.
+    rows = [json.loads(line) for line in Path(f"{stem}.jsonl").read_text().splitlines()]
+    assert Path(f"{stem}.png").read_bytes()[:8] == PNG_MAGIC
     return rows
 
 
@@ -61,7 +62,8 @@ def test_pig_latin_short_run_trains(run_example, tmp_path):
 def test_autoresearch_sweep_writes_a_report(run_example, tmp_path):
     out = tmp_path / "sweep"
     done = run_example("autoresearch_sql.py", "--base-model", TINY, "--learning-rates", "1e-4,1e-3", "--ranks", "4",
-                       "--group-sizes", "2", "--steps", "1", "--batch-size", "1", "--eval-size", "2", "--out", str(out))
+                       "--group-sizes", "2", "--steps", "1", "--batch-size", "1", "--eval-size", "1", "--max-tokens", "2",
+                       "--out", str(out))
     assert "run 2/2" in done.stdout
     report = (out / "report.md").read_text()
     assert "| lr0.0001_r4_g2" in report and "| lr0.001_r4_g2" in report and "**best**" in report
