@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast demo bench serve models clean compat fuzz chaos
+.PHONY: install test test-fast demo demo-long recipe-sql recipe-rlvr autoresearch bench serve models clean compat fuzz chaos
 
 install: $(STAMP)
 
@@ -35,6 +35,8 @@ test: install
 test-fast: install
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not e2e and not slow"
 
+# Each recipe starts `openrl serve` with SmolLM2-135M-Instruct (scripts/recipe), runs an example
+# from examples/ against it with the tinker SDK and writes its curve (JSONL + PNG) under out/.
 demo: install
 	scripts/demo
 
@@ -45,6 +47,19 @@ FUZZ_EXAMPLES ?= 200
 FUZZ_SEED ?= 1
 fuzz: install
 	OPENRL_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) OPENRL_FUZZ_SEED=$(FUZZ_SEED) $(PY) -m pytest -q -s -p no:cacheprovider tests/functions/gateway/test_api_fuzz.py
+
+# The first, longer Pig Latin run: 4,800 words, a constant learning rate, the bare word.
+demo-long: install
+	scripts/demo --train-words 4800 --constant-lr --bare-word --out out/pig_latin_long
+
+recipe-sql: install
+	scripts/recipe examples/text_to_sql_rl.py
+
+recipe-rlvr: install
+	scripts/recipe examples/rlvr_arithmetic.py
+
+autoresearch: install
+	scripts/recipe examples/autoresearch_sql.py
 
 bench: install
 	$(PY) bench/fwdbwd_roundtrip.py

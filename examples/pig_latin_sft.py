@@ -3,22 +3,20 @@
 Point it at any Tinker-compatible server (TINKER_BASE_URL, TINKER_API_KEY); `make demo`
 starts `openrl serve` and runs it. The words come from the model's own tokenizer, the
 translations from a fixed rule, so nothing is downloaded. It prints held-out exact-match
-accuracy before and after training and saves the loss curve as a PNG.
+accuracy before and after training and writes the loss curve to `<out>.jsonl` and `<out>.png`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import time
 
-import matplotlib
+import tinker
+from tinker import types
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import tinker  # noqa: E402
-from tinker import types  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+from curves import CurveLog
 
 BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 VOWELS = "aeiou"
@@ -46,15 +44,21 @@ def vocabulary_words(tokenizer, count: int, seed: int) -> list[str]:
     return ordered[:count]
 
 
-def prompt_tokens(tokenizer, word: str) -> list[int]:
-    # ChatML without the template's default system prompt: 14 tokens instead of ~40, so a
-    # step on the CPU costs a third as much and the answer tokens carry the whole loss.
-    return tokenizer.encode(f"<|im_start|>user\nPig Latin: {word}<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+def spell(word: str) -> str:
+    return " ".join(word)
 
 
-def make_datum(tokenizer, word: str) -> types.Datum:
-    prompt = prompt_tokens(tokenizer, word)
-    answer = tokenizer.encode(pig_latin(word) + "<|im_end|>", add_special_tokens=False)
+def prompt_tokens(tokenizer, word: str, spelled: bool) -> list[int]:
+    # ChatML without the template's default system prompt: far fewer tokens than its ~40, so
+    # a step on the CPU costs a fraction as much and the answer tokens carry the whole loss.
+    shown = spell(word) if spelled else word
+    return tokenizer.encode(f"<|im_start|>user\nPig Latin: {shown}<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+
+
+def make_datum(tokenizer, word: str, spelled: bool) -> types.Datum:
+    prompt = prompt_tokens(tokenizer, word, spelled)
+    target = spell(pig_latin(word)) if spelled else pig_latin(word)
+    answer = tokenizer.encode(target + "<|im_end|>", add_special_tokens=False)
     tokens = prompt + answer
     weights = [0.0] * (len(prompt) - 1) + [1.0] * len(answer)
     return types.Datum(
@@ -63,79 +67,76 @@ def make_datum(tokenizer, word: str) -> types.Datum:
     )
 
 
-def accuracy(sampler, tokenizer, words: list[str]) -> float:
+def accuracy(sampler, tokenizer, words: list[str], spelled: bool) -> float:
     """Greedy decoding, all requests in flight at once so the server can batch them."""
-    params = types.SamplingParams(max_tokens=16, temperature=0.0)
+    params = types.SamplingParams(max_tokens=24, temperature=0.0)
     futures = [
-        sampler.sample(prompt=types.ModelInput.from_ints(prompt_tokens(tokenizer, w)), num_samples=1, sampling_params=params)
+        sampler.sample(prompt=types.ModelInput.from_ints(prompt_tokens(tokenizer, w, spelled)), num_samples=1, sampling_params=params)
         for w in words
     ]
     correct = 0
     for word, future in zip(words, futures):
         text = tokenizer.decode(future.result().sequences[0].tokens, skip_special_tokens=True).strip()
-        correct += text == pig_latin(word)
+        # Spelled answers are compared letter for letter: the same word, its spaces dropped.
+        correct += (text.replace(" ", "") if spelled else text) == pig_latin(word)
     return correct / len(words)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    # Thousands of distinct words seen once each generalise; a few hundred seen many times
-    # are memorised (measured: 480 words x 4 epochs reach 10% held-out, 4800 x 1 reach 34%).
-    parser.add_argument("--train-words", type=int, default=4800)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base-model", default=BASE_MODEL)
+    # Distinct words seen once each generalise; a few hundred seen many times are memorised
+    # (measured with the bare-word prompt: 480 words x 4 epochs reach 10% held-out, 4800 x 1 34%).
+    parser.add_argument("--train-words", type=int, default=1280)
     parser.add_argument("--test-words", type=int, default=100)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--rank", type=int, default=16)
-    parser.add_argument("--learning-rate", type=float, default=3e-3)
+    parser.add_argument("--learning-rate", type=float, default=3e-3, help="peak; decays linearly to 0 over the run")
+    parser.add_argument("--constant-lr", action="store_true", help="no decay (the first version of this demo)")
+    parser.add_argument("--bare-word", action="store_true", help="the word and its translation as such, not spelled out")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--plot", default="out/pig_latin_loss.png")
+    parser.add_argument("--out", default="out/pig_latin", help="writes <out>.jsonl, <out>.png, <out>.summary.json")
     args = parser.parse_args()
     started = time.monotonic()
+    spelled = not args.bare_word
 
     service = tinker.ServiceClient()
-    training = service.create_lora_training_client(base_model=BASE_MODEL, rank=args.rank, seed=args.seed).result()
+    training = service.create_lora_training_client(base_model=args.base_model, rank=args.rank, seed=args.seed).result()
     tokenizer = training.get_tokenizer()
     words = vocabulary_words(tokenizer, args.train_words + args.test_words, args.seed)
     train, test = words[: args.train_words], words[args.train_words :]
     print(f"{len(train)} training words, {len(test)} held out; e.g. {test[0]} -> {pig_latin(test[0])}")
 
-    before = accuracy(training.save_weights_and_get_sampling_client().result(), tokenizer, test)
-    print(f"held-out exact match before training: {before:.1%}")
+    before = accuracy(training.save_weights_and_get_sampling_client().result(), tokenizer, test, spelled)
+    print(f"held-out exact match before training: {before:.1%}", flush=True)
 
-    data = [make_datum(tokenizer, w) for w in train]
-    adam = types.AdamParams(learning_rate=args.learning_rate)
+    data = [make_datum(tokenizer, w, spelled) for w in train]
     rng = random.Random(args.seed)
     steps = args.epochs * (len(data) // args.batch_size)
-    losses: list[float] = []
-    with tqdm(total=steps, desc="training", unit="step") as bar:
-        for _epoch in range(args.epochs):
-            rng.shuffle(data)
-            for start in range(0, len(data) - args.batch_size + 1, args.batch_size):
-                batch = data[start : start + args.batch_size]
-                fb = training.forward_backward(batch, "cross_entropy")
-                opt = training.optim_step(adam)
-                output = fb.result()
-                opt.result()
-                tokens = sum(sum(d.loss_fn_inputs["weights"].to_numpy()) for d in batch)
-                losses.append(output.metrics["loss:sum"] / tokens)
-                bar.set_postfix(loss=f"{losses[-1]:.3f}")
-                bar.update()
+    log = CurveLog(args.out, steps, f"Pig Latin SFT, {args.base_model.split('/')[-1]} LoRA r={args.rank}")
+    step = 0
+    for _epoch in range(args.epochs):
+        rng.shuffle(data)
+        for start in range(0, len(data) - args.batch_size + 1, args.batch_size):
+            batch = data[start : start + args.batch_size]
+            lr = args.learning_rate * (1.0 if args.constant_lr else 1.0 - step / steps)
+            fb = training.forward_backward(batch, "cross_entropy")
+            opt = training.optim_step(types.AdamParams(learning_rate=lr))
+            output = fb.result()
+            opt.result()
+            step += 1
+            tokens = float(sum(d.loss_fn_inputs["weights"].to_numpy().sum() for d in batch))
+            log.record(step, loss=float(output.metrics["loss:sum"]) / tokens, learning_rate=lr)
 
-    after = accuracy(training.save_weights_and_get_sampling_client().result(), tokenizer, test)
-    print(f"held-out exact match after training:  {after:.1%}")
-
-    import os
-
-    os.makedirs(os.path.dirname(args.plot) or ".", exist_ok=True)
-    plt.figure(figsize=(6, 3.5))
-    plt.plot(range(1, len(losses) + 1), losses)
-    plt.xlabel("step")
-    plt.ylabel("loss per target token")
-    plt.title(f"Pig Latin SFT, {BASE_MODEL.split('/')[-1]} LoRA r={args.rank}")
-    plt.tight_layout()
-    plt.savefig(args.plot, dpi=120)
-    print(f"loss curve: {args.plot}")
-    print(f"wall time: {time.monotonic() - started:.0f} s")
+    after = accuracy(training.save_weights_and_get_sampling_client().result(), tokenizer, test, spelled)
+    wall = time.monotonic() - started
+    print(f"held-out exact match before: {before:.1%}  after: {after:.1%}")
+    log.plot(["loss"], ylabel="loss per target token")
+    with open(args.out + ".summary.json", "w") as handle:
+        json.dump({"before": before, "after": after, "wall_s": round(wall, 1), "steps": steps, "train_words": len(train),
+                   "spelled": spelled, "constant_lr": args.constant_lr}, handle)
+    print(f"loss curve: {log.png_path} ({log.jsonl_path}); wall time {wall:.0f} s")
     service.close("success").result()
 
 
