@@ -4,6 +4,13 @@ Point it at any Tinker-compatible server (TINKER_BASE_URL, TINKER_API_KEY); `mak
 starts `openrl serve` and runs it. The words come from the model's own tokenizer, the
 translations from a fixed rule, so nothing is downloaded. It prints held-out exact-match
 accuracy before and after training and writes the loss curve to `<out>.jsonl` and `<out>.png`.
+
+By default the word and its translation are spelled out letter by letter ("Pig Latin: s t r i n g"
+-> "i n g s t r a y"), and the learning rate decays linearly to zero. The vocabulary's words are
+single tokens, whose spelling a 135M model barely knows; spelled out, the task is moving letters
+it can see. Measured with 640 training words (20 steps): 8.3% held-out exact match with the bare
+word, 10.0% with only the prompt spelled, 96.7% with both spelled (README, "Recipes").
+`--bare-word --constant-lr --train-words 4800` is the first version of this demo (`make demo-long`).
 """
 
 from __future__ import annotations
@@ -87,7 +94,7 @@ def main() -> None:
     parser.add_argument("--base-model", default=BASE_MODEL)
     # Distinct words seen once each generalise; a few hundred seen many times are memorised
     # (measured with the bare-word prompt: 480 words x 4 epochs reach 10% held-out, 4800 x 1 34%).
-    parser.add_argument("--train-words", type=int, default=1280)
+    parser.add_argument("--train-words", type=int, default=640)
     parser.add_argument("--test-words", type=int, default=100)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=32)

@@ -3,9 +3,10 @@
 Uses only the public `tinker` SDK against any Tinker-compatible server (TINKER_BASE_URL,
 TINKER_API_KEY); `make recipe-sql` starts `openrl serve` and runs it. Nothing is downloaded:
 the recipe builds a small SQLite database (one `employees` table, seeded rows) and question/SQL
-pairs from templates, split so that no held-out question is trained on. The reward executes
+pairs from templates, split so that no held-out query is trained on. Each prompt shows one
+solved training question of the same template (never the question's own query). The reward executes
 the model's query: 1 when its result set equals the reference query's, plus 0.1 for a query
-that runs at all. Each step samples a group of completions per question, takes GRPO-style
+that runs and ends in ';'. Each step samples a group of completions per question, takes GRPO-style
 advantages (reward minus the group mean), trains with the `importance_sampling` loss on the
 sampler's logprobs and publishes the new weights to the next step's sampler. Held-out
 execution accuracy (greedy) is measured before and after; the curve goes to
