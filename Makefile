@@ -30,7 +30,7 @@ test: install
 	scripts/ensure-postgres
 	# Chromium for the dashboard's browser test (exit 2: no apt here, and that test skips).
 	scripts/ensure-chromium || test $$? -eq 2
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not chaos"
 
 test-fast: install
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not e2e and not slow"
@@ -72,13 +72,15 @@ bench: install
 	$(PY) bench/packing.py
 	$(PY) bench/vllm_engine.py
 
-# The chaos soak, long form (tests/e2e/chaos_soak.py; the short form is in `make test`): four
+# The chaos soak: its short form (tests/e2e/test_chaos_soak.py, out of `make test` for now), then
+# the long form (tests/e2e/chaos_soak.py): four
 # tenants' RL loops on the distributed deployment (noida-db, PostgreSQL, a process per role),
 # once quietly and once while a seeded chaos loop kills a role or restarts the broker every
 # 20-40 s; prints a JSON report (faults, steps, outcome, wall time) and fails on any problem.
 CHAOS_ARGS ?= --steps 24 --interval 20 40 --seed 2024
 chaos: install
 	scripts/ensure-postgres
+	$(PY) -m pytest -q -p no:cacheprovider -m chaos tests/e2e/test_chaos_soak.py
 	$(PY) -m tests.e2e.chaos_soak $(CHAOS_ARGS)
 
 # Runs every public tinker SDK method against a live server and rewrites docs/compatibility.md
