@@ -52,8 +52,8 @@ bench: install
 # The chaos soak, long form (tests/e2e/chaos_soak.py; the short form is in `make test`): four
 # tenants' RL loops on the distributed deployment (noida-db, PostgreSQL, a process per role),
 # once quietly and once while a seeded chaos loop kills a role or restarts the broker every
-# 20-40 s; prints a JSON report (faults, steps, outcome, wall time) and fails on any problem.
-CHAOS_ARGS ?= --steps 24 --interval 20 40 --seed 2024
+# 15-30 s; prints a JSON report (faults, steps, outcome, wall time) and fails on any problem.
+CHAOS_ARGS ?= --steps 60 --interval 15 30 --seed 2024
 chaos: install
 	scripts/ensure-postgres
 	$(PY) -m tests.e2e.chaos_soak $(CHAOS_ARGS)
