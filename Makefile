@@ -76,8 +76,8 @@ bench: install
 # the long form (tests/e2e/chaos_soak.py): four
 # tenants' RL loops on the distributed deployment (noida-db, PostgreSQL, a process per role),
 # once quietly and once while a seeded chaos loop kills a role or restarts the broker every
-# 20-40 s; prints a JSON report (faults, steps, outcome, wall time) and fails on any problem.
-CHAOS_ARGS ?= --steps 24 --interval 20 40 --seed 2024
+# 15-30 s; prints a JSON report (faults, steps, outcome, wall time) and fails on any problem.
+CHAOS_ARGS ?= --steps 60 --interval 15 30 --seed 2024
 chaos: install
 	scripts/ensure-postgres
 	$(PY) -m pytest -q -p no:cacheprovider -m chaos tests/e2e/test_chaos_soak.py
