@@ -77,6 +77,7 @@ class SamplerWorker:
         # frozen copy (`shared_weights`); full runs' copies are written by weight sync and never share.
         self.share_base = share_base
         self.release_memory = release_memory  # give a batch's freed memory back (`host_memory`)
+        self._memory_to_release = False  # a batch ran since the last release
         # "torch" (in this process) or "vllm" (a child process per weight set, `vllm_engine`);
         # `vllm` holds the VllmOptions. Without the vLLM environment this fails now, not at
         # the first request.
@@ -136,8 +137,11 @@ class SamplerWorker:
                 by_model[event.data.base_model].append(event)
         for base_model, events in by_model.items():
             self._sample(base_model, events)
-        if by_model and self.release_memory:
-            host_memory.release()
+        if by_model:
+            self._memory_to_release = True
+        elif not records and self._memory_to_release and self.release_memory:
+            host_memory.release()  # idle: see the trainer's run_once for why not after every batch
+            self._memory_to_release = False
         if records:
             self.consumer.commit()
         return len(records)
