@@ -11,6 +11,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tinker
 from tinker import types
@@ -88,5 +89,14 @@ def test_grpo_datums_train_with_importance_sampling(recipe_server):
     assert all(list(a[: len(prompt) - 1]) == [0.0] * (len(prompt) - 1) for a in advantages)
     assert abs(sum(a[-1] for a in advantages)) < 1e-6  # minus the group mean: they cancel
     output = training.forward_backward(datums, "importance_sampling").result()
-    training.optim_step(types.AdamParams(learning_rate=1e-3)).result()
-    assert math.isfinite(output.metrics["loss:sum"]) and output.metrics["loss:sum"] != 0.0
+    step = training.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+    # The loss is -sum(exp(trainer - sampler logprobs) * advantage), recomputed here from what
+    # came back. (It may be exactly 0: with a fresh adapter the ratios can be exactly 1 and
+    # the advantages cancel; the gradient, -sum(advantage * dlogprob), still is not.)
+    expected = 0.0
+    for datum, out in zip(datums, output.loss_fn_outputs):
+        ratio = np.exp(out["logprobs"].to_numpy() - datum.loss_fn_inputs["logprobs"].to_numpy())
+        expected -= float(np.sum(ratio * datum.loss_fn_inputs["advantages"].to_numpy()))
+    assert math.isfinite(output.metrics["loss:sum"])
+    assert output.metrics["loss:sum"] == pytest.approx(expected, abs=1e-4)
+    assert step.metrics["optim/grad_norm"] > 0.0
