@@ -92,7 +92,11 @@ class LocalProcess:
         return self.log_path.read_text()[-4000:] if self.log_path.exists() else ""
 
     def __enter__(self):
-        return self.wait_ready()
+        try:
+            return self.wait_ready()
+        except BaseException:  # never became ready: no process is left behind
+            self.stop()
+            raise
 
     def __exit__(self, *exc) -> None:
         self.stop()

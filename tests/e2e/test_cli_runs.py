@@ -32,15 +32,11 @@ LEARNING_RATES = (1e-3, 2e-3, 3e-3)
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = LocalServer(
+    with LocalServer(
         tmp_path_factory.mktemp("openrl-cli"), [MODEL], f"alice={ALICE},bob={BOB}",
         extra_env={"OPENRL_OPERATOR_API_KEY": OPERATOR, "TINKER_TELEMETRY": "0"},
-    )  # fmt: skip
-    try:
-        srv.wait_ready()
+    ) as srv:  # fmt: skip
         yield srv
-    finally:
-        srv.stop()
 
 
 def batch_of(tokenizer) -> list[types.Datum]:

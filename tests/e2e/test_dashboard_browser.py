@@ -41,15 +41,11 @@ def chromium():
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = LocalServer(
+    with LocalServer(
         tmp_path_factory.mktemp("openrl-dashboard"), [MODEL], f"alice={ALICE},bob={BOB}",
         extra_env={"OPENRL_OPERATOR_API_KEY": OPERATOR, "TINKER_TELEMETRY": "0"},
-    )  # fmt: skip
-    try:
-        srv.wait_ready()
+    ) as srv:  # fmt: skip
         yield srv
-    finally:
-        srv.stop()
 
 
 def batch_of(tokenizer) -> list[types.Datum]:

@@ -36,15 +36,11 @@ RATES = [1e-3, 2e-3, 1.5e-3, 3e-3, 1e-3, 2.5e-3, 2e-3]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = LocalServer(
+    with LocalServer(
         tmp_path_factory.mktemp("openrl-fork"), [MODEL], f"alice={ALICE},bob={BOB}",
         extra_env={"OPENRL_SNAPSHOT_EVERY_STEPS": "2", "TINKER_TELEMETRY": "0"},
-    )  # fmt: skip
-    try:
-        srv.wait_ready()
+    ) as srv:  # fmt: skip
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")

@@ -21,15 +21,11 @@ ALICE, BOB = "tml-quota-alice", "tml-quota-bob"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, tiny_files):
-    srv = LocalServer(
+    with LocalServer(
         tmp_path_factory.mktemp("openrl-quotas"), [MODEL], f"alice={ALICE},bob={BOB}",
         extra_env={"OPENRL_TENANT_QUOTAS": json.dumps({"alice": {"requests_in_flight": 1}})},
-    )  # fmt: skip
-    try:
-        srv.wait_ready()
+    ) as srv:  # fmt: skip
         yield srv
-    finally:
-        srv.stop()
 
 
 def data() -> list[types.Datum]:

@@ -38,18 +38,14 @@ PERIOD, GRACE = 0.3, 1.0  # the collector's, short so a test sees several passes
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = LocalServer(
+    with LocalServer(
         tmp_path_factory.mktemp("openrl-bounded"), [MODEL], f"alice={KEY}",
         extra_env={
             "TINKER_TELEMETRY": "0", "OPENRL_BLOB_COLLECTOR_SECONDS": str(PERIOD), "OPENRL_BLOB_GRACE_SECONDS": str(GRACE),
             "OPENRL_SNAPSHOT_EVERY_STEPS": "5", "OPENRL_SAMPLER_VERSIONS_KEPT": "2",
         },
-    )  # fmt: skip
-    try:
-        srv.wait_ready()
+    ) as srv:  # fmt: skip
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")

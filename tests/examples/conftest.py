@@ -26,12 +26,8 @@ if str(EXAMPLES) not in sys.path:
 
 @pytest.fixture(scope="session")
 def recipe_server(tmp_path_factory):
-    srv = LocalServer(tmp_path_factory.mktemp("openrl-examples"), [TINY], f"examples={API_KEY}")
-    try:
-        srv.wait_ready()
+    with LocalServer(tmp_path_factory.mktemp("openrl-examples"), [TINY], f"examples={API_KEY}") as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture
