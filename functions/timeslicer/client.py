@@ -275,15 +275,22 @@ class TimeslicerClient:
         link = self._connect(self._on_message, self._on_close)
         with self._lock:
             self._link = link
-        self._connected.set()
-        hello = self._call({"op": "hello", "worker": self.worker}, retry=False)
+        # Other callers wait on `_connected` until the jobs are registered again: an acquire
+        # retried on the new link must not reach a restarted daemon before its job does
+        # (it would be refused "not registered", a user-visible failure of a healthy step).
+        hello = self._call({"op": "hello", "worker": self.worker}, retry=False, opening=True)
         self.info = self._check(hello)
         with self._lock:
             jobs = [dict(message) for message in self._jobs.values()]
         for message in jobs:  # after a daemon restart: the jobs as they are now
-            reply = self._call(message, retry=False)
+            reply = self._call(message, retry=False, opening=True)
+            if reply.get("lost"):
+                raise LinkLost("the timeslicer link dropped while re-registering")
             if not reply.get("ok"):
                 log.error("timeslicer: re-registering %s failed: %s", message["job"], reply.get("error"))
+        with self._lock:
+            if self._link is link:
+                self._connected.set()
 
     def _first_open(self) -> None:
         """Connect, waiting for a daemon that is not up yet (pods start in any order)."""
@@ -355,12 +362,15 @@ class TimeslicerClient:
             raise LinkLost("no timeslicer link")
         link.send(message)
 
-    def _call(self, message: dict, deadline: Optional[float] = None, retry: bool = True, cancellable: bool = False) -> dict:
+    def _call(
+        self, message: dict, deadline: Optional[float] = None, retry: bool = True, cancellable: bool = False, opening: bool = False
+    ) -> dict:
         """Send and wait for the answer. With `retry`, a dropped link is waited out and the
         call sent again on the new one; without, the answer is {"lost": True}. A caller
-        that stops waiting on a `cancellable` call (timeout, exception) withdraws it."""
+        that stops waiting on a `cancellable` call (timeout, exception) withdraws it.
+        `opening`: a call of `_open` itself, sent before the link is announced."""
         while True:
-            if not self._connected.wait(timeout=self.reconnect_seconds):
+            if not opening and not self._connected.wait(timeout=self.reconnect_seconds):
                 raise LinkLost(f"no timeslicer link for {self.reconnect_seconds:.0f} s")
             call = _Call()
             request_id = message["id"] = next(self._ids)

@@ -319,3 +319,40 @@ def test_a_restarted_daemon_gets_every_job_back_as_it_is(make):
     assert residents == {"one": False, "two": True}, "re-registered as they were: one resident, two not yet"
     with client.turn("two") as turn:
         assert turn.restore
+
+
+def test_a_call_retried_after_a_restart_waits_for_its_jobs_to_be_registered_again(make):
+    """The daemon restarts; the worker's next acquire must not reach it before the
+    re-registration of its job does. Re-registration is slowed down here so that, without
+    the ordering, the acquire would win the race and be refused "not registered"."""
+    rig = make()
+    registering_again = threading.Event()
+
+    def slow_reregistration(on_message, on_close):
+        link = rig.connector()(on_message, on_close)
+
+        class Slow:
+            def send(self, message):
+                if message.get("op") == "register" and registering_again.is_set():
+                    time.sleep(0.3)
+                link.send(message)
+
+            def close(self):
+                link.close()
+
+        return Slow()
+
+    client = TimeslicerClient(slow_reregistration, "w")
+    try:
+        client.register("job", 1, DEVICE)
+        with client.turn("job"):
+            pass
+        registering_again.set()
+        if rig.name == "unix":
+            rig.restart()
+        else:
+            rig.slicer.links[0].drop()
+        with client.turn("job", timeout=10) as turn:
+            assert turn.lease.valid()
+    finally:
+        client.close()
