@@ -21,6 +21,9 @@ from functions.sampler.vllm_engine import DEFAULT_ENV
 from tests.e2e.conftest import API_KEY
 
 pytestmark = [
+    # The vLLM engine starts in ~40 s alone here and over a minute beside another busy
+    # test worker; two such starts plus the torch server sessions need more than the default.
+    pytest.mark.timeout(900),
     pytest.mark.e2e,
     pytest.mark.skipif(not (DEFAULT_ENV / "bin" / "python").exists(), reason="no .venv-vllm: run `make vllm`"),
 ]
