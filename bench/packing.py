@@ -43,7 +43,7 @@ def requests(rows: int, length: int, seed: int = 0):
     return out
 
 
-def engine_bench(name: str, rounds: int) -> None:
+def engine_bench(name: str, rounds: int, sizes: tuple[str, ...] = ("small", "large")) -> None:
     import torch
 
     from functions.compute.models import ModelDirectory
@@ -55,6 +55,8 @@ def engine_bench(name: str, rounds: int) -> None:
     for i in range(8):
         engine.create_adapter(f"m{i}", LoraConfig(rank=(8, 16, 32)[i % 3], seed=i))
     for label, rows, length in (("small (8 models x 2 x 32 tokens)", 2, 32), ("large (8 models x 8 x 128 tokens)", 8, 128)):
+        if label.split()[0] not in sizes:
+            continue
         batch = requests(rows, length)
         packed_t, alone_t = [], []
         for _ in range(rounds + 1):
@@ -163,6 +165,7 @@ def main() -> None:
     parser.add_argument("--models", default="tiny,smol")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--sizes", default="small,large", help="request sizes of (a): small, large")
     parser.add_argument("--skip-engine", action="store_true")
     parser.add_argument("--skip-service", action="store_true")
     parser.add_argument("--steps", type=int, default=6, help="RL steps per job in (b)")
@@ -174,7 +177,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if not args.skip_engine:
         for key in args.models.split(","):
-            engine_bench(MODELS[key], args.rounds)
+            engine_bench(MODELS[key], args.rounds, tuple(args.sizes.split(",")))
     if not args.skip_service:
         service_bench(args.steps, args.env_seconds)
 

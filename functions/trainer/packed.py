@@ -140,8 +140,10 @@ def _unit_adapters(decoder, sizes: list[int], names: list[str]):
         parts = []
         for part, name in zip(x.split(sizes, dim=0), names):
             if name in layer.lora_A:
+                # Scaled at rank width (rows x r), not at the layer's output width (rows x
+                # out, up to ~200x more elements): a unit's LoRA is many small ops per pass.
                 down = layer.lora_A[name](layer.lora_dropout[name](part.to(layer.lora_A[name].weight.dtype)))
-                parts.append((layer.lora_B[name](down) * layer.scaling[name]).to(result.dtype))
+                parts.append(layer.lora_B[name](down * layer.scaling[name]).to(result.dtype))
             else:  # this adapter does not train this layer
                 parts.append(result.new_zeros((part.shape[0], *result.shape[1:])))
         return result + (parts[0] if len(parts) == 1 else torch.cat(parts))
