@@ -31,7 +31,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Optional
 
-from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.engine import Connection
 
 from eventing.store import tables as t
@@ -63,8 +63,12 @@ def _earliest(*moments: Optional[datetime]) -> Optional[datetime]:
 _REQUEST = select(t.futures.c.state, t.futures.c.model_id, t.futures.c.created_at).where(
     t.futures.c.request_id == bindparam("b_request_id")
 )
-_OPEN_STEP = select(t.run_steps).where(t.run_steps.c.model_id == bindparam("b_model_id"), t.run_steps.c.completed_at.is_(None))
-_LAST_STEP = select(func.max(t.run_steps.c.step)).where(t.run_steps.c.model_id == bindparam("b_model_id"))
+# A run's open step (no optim_step yet) is always its latest: a step opens only when none is
+# open. So one lookup down the primary key finds it (and the next step's number), instead of
+# a filter on `completed_at` over every step of the run plus a max() query.
+_LATEST_STEP = (
+    select(t.run_steps).where(t.run_steps.c.model_id == bindparam("b_model_id")).order_by(t.run_steps.c.step.desc()).limit(1)
+)
 _STEP_INSERT = insert(t.run_steps)
 _STEP_UPDATE = update(t.run_steps).where(
     t.run_steps.c.model_id == bindparam("b_model_id"), t.run_steps.c.step == bindparam("b_step")
@@ -83,10 +87,10 @@ def _step_progress(conn: Connection, event: Event) -> None:
     if not optim and details.get("forward_only"):
         return
     model_id, requested, started = request.model_id, utc(request.created_at), _moment(details.get("started"))
-    row = conn.execute(_OPEN_STEP, {"b_model_id": model_id}).first()
+    latest = conn.execute(_LATEST_STEP, {"b_model_id": model_id}).first()
+    row = latest if latest is not None and latest.completed_at is None else None
     if row is None:  # the step's first request to complete opens it
-        last = conn.execute(_LAST_STEP, {"b_model_id": model_id}).scalar()
-        step, loss, tokens, calls = (last or 0) + 1, None, 0, 0
+        step, loss, tokens, calls = (latest.step if latest is not None else 0) + 1, None, 0, 0
         values: dict = dict(first_request_at=requested, started_at=started)
     else:
         step, loss, tokens, calls = row.step, row.loss, row.tokens, row.forward_backward
