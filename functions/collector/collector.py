@@ -20,8 +20,6 @@ what a record made meanwhile names. It runs in the gateway's process (`openrl se
 
 from __future__ import annotations
 
-import logging
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
@@ -29,9 +27,8 @@ from typing import Callable, Optional, Sequence
 from eventing.blobs import BlobStore
 from eventing.store.queries import Projections
 from functions.compute.weight_sync import session_files
+from functions.periodic import Periodic
 from openrl_core.retention import StoredBlob, collectable
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -87,19 +84,15 @@ class BlobCollector:
         return digests
 
 
-class CollectorLoop:
+class CollectorLoop(Periodic):
     """Runs `collect` now and then every `interval_seconds` until `stop` is set."""
 
     def __init__(self, collector: BlobCollector, interval_seconds: float) -> None:
         self.collector = collector
-        self.interval_seconds = interval_seconds
+        super().__init__("collector", self._collect, interval_seconds)
 
-    def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            try:
-                done = self.collector.collect()
-                if done.count or done.unfinished:
-                    log.info("collector: %d unreferenced blob(s), %d unfinished write(s) removed", done.count, done.unfinished)
-            except Exception:  # a bad pass must not end the loop; the next one retries
-                log.exception("collector: pass failed")
-            stop.wait(self.interval_seconds)
+    def _collect(self) -> Optional[str]:
+        done = self.collector.collect()
+        if done.count or done.unfinished:
+            return f"{done.count} unreferenced blob(s), {done.unfinished} unfinished write(s) removed"
+        return None

@@ -8,22 +8,14 @@ event that exists only in the store.
 
 from __future__ import annotations
 
-import logging
-import threading
-
-log = logging.getLogger(__name__)
+from functions.periodic import Periodic
 
 
-class OutboxRelay:
+class OutboxRelay(Periodic):
     def __init__(self, ctx, interval_seconds: float = 5.0) -> None:
         self.ctx = ctx
-        self.interval = interval_seconds
+        super().__init__("outbox relay", self._republish, interval_seconds, first_at_start=False)
 
-    def run(self, stop: threading.Event) -> None:
-        while not stop.wait(self.interval):
-            try:
-                sent = self.ctx.republish_outbox()
-                if sent:
-                    log.info("outbox relay: published %d stored event(s)", sent)
-            except Exception:
-                log.exception("outbox relay: publish failed; retrying later")
+    def _republish(self):
+        sent = self.ctx.republish_outbox()
+        return f"published {sent} stored event(s)" if sent else None

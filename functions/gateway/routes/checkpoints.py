@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
 import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Iterable, Optional
@@ -58,6 +57,7 @@ from functions.gateway.routes.rest_wire import (
     checkpoint_of,
     cursor,
 )
+from functions.periodic import Periodic
 from openrl_core.errors import Conflict, InvalidRequest, NotFound
 from openrl_core.events import new_event
 from openrl_core.events.checkpoints import (
@@ -305,19 +305,13 @@ def reap_expired(ctx: GatewayContext, now: Optional[datetime] = None, batch: int
             return removed
 
 
-class Reaper:
+class Reaper(Periodic):
     """Runs `reap_expired` now and then every `interval_seconds` until `stop` is set."""
 
     def __init__(self, ctx: GatewayContext, interval_seconds: float) -> None:
         self.ctx = ctx
-        self.interval_seconds = interval_seconds
+        super().__init__("reaper", self._reap, interval_seconds)
 
-    def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            try:
-                removed = reap_expired(self.ctx)
-                if removed:
-                    log.info("reaper: %d expired checkpoint(s) removed", len(removed))
-            except Exception:  # a bad pass must not end the loop; the next one retries
-                log.exception("reaper: pass failed")
-            stop.wait(self.interval_seconds)
+    def _reap(self) -> Optional[str]:
+        removed = reap_expired(self.ctx)
+        return f"{len(removed)} expired checkpoint(s) removed" if removed else None
