@@ -30,7 +30,7 @@ test: install
 	scripts/ensure-postgres
 	# Chromium for the dashboard's browser test (exit 2: no apt here, and that test skips).
 	scripts/ensure-chromium || test $$? -eq 2
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not chaos"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: install
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not e2e and not slow"
@@ -72,7 +72,7 @@ bench: install
 	$(PY) bench/packing.py
 	$(PY) bench/vllm_engine.py
 
-# The chaos soak: its short form (tests/e2e/test_chaos_soak.py, out of `make test` for now), then
+# The chaos soak: its short form (tests/e2e/test_chaos_soak.py, also in `make test`), then
 # the long form (tests/e2e/chaos_soak.py): four
 # tenants' RL loops on the distributed deployment (noida-db, PostgreSQL, a process per role),
 # once quietly and once while a seeded chaos loop kills a role or restarts the broker every

@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     replay = commands.add_parser("replay", help="rebuild every projection from the events and diff it against the live one")
     _deployment_options(replay)
     replay.add_argument("--into", default=None, help="database to rebuild into (default: a fresh temporary SQLite file)")
-    replay.add_argument("--from-log", action="store_true", help="read the events from the log (Kafka) instead of the store")
+    replay.add_argument("--from-log", action="store_true", help="read the events from the log (Kafka) instead of the store; the diff is against the live store, so run it on a quiet deployment (an event landing meanwhile, e.g. a session heartbeat, shows as a difference)")
     replay.add_argument(
         "--from-offset", type=int, default=0,
         help="with --from-log: start at this offset in every partition (into a restored backup given by --into)",

@@ -118,6 +118,7 @@ def rl_loop(url: str, tenant: str, steps: int, record: RunRecord, pace=None) -> 
     prompt = rng.integers(100, 5000, size=PROMPT_TOKENS).tolist()
     adam = types.AdamParams(learning_rate=2e-3)
     what = "create"
+    service = None
     try:
         service = tinker.ServiceClient(base_url=url, api_key=TENANTS[tenant])
         training = _wait(record, service.create_lora_training_client(base_model=MODEL, rank=4, seed=seed), what)
@@ -161,10 +162,22 @@ def rl_loop(url: str, tenant: str, steps: int, record: RunRecord, pace=None) -> 
             pace(None)
         what = "save_state"
         record.final_path = _wait(record, training.save_state("final"), what).path
+        # End the session as a finished script does: an open one keeps heartbeating, and
+        # `replay --from-log` compares against the live store, so a heartbeat landing while
+        # it runs reads as a difference (the first passing long soak's only "problem").
+        what = "close"
+        _wait(record, service.close("success"), what)
+        service = None
     except Hang:
         pass
     except Exception as exc:  # the soak reports every failure with its message and goes on
         record.failures.append((what, f"{type(exc).__name__}: {exc}"))
+    finally:
+        if service is not None:  # a loop that stopped early: stop its heartbeats all the same
+            try:
+                service.close("errored").result(timeout=30)
+            except Exception:
+                pass
 
 
 def start_tenants(url: str, steps: int, pace=None) -> tuple[dict[str, RunRecord], list[threading.Thread]]:
