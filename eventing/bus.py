@@ -49,6 +49,10 @@ class Consumer(Protocol):
 class EventBus(Protocol):
     def publish(self, topic: str, message: Message) -> Record: ...
 
+    def publish_many(self, messages: list[tuple[str, Message]]) -> list[Record]:
+        """Append several records at once (one commit, or one pipelined round of sends);
+        returns once every one is acknowledged. Each key's records keep their order."""
+
     def consumer(
         self,
         group: str,
@@ -73,3 +77,9 @@ class EventPublisher:
 
     def publish(self, topic: str, event: Event, dedup: Optional[Dedup] = None) -> Record:
         return self.bus.publish(topic, self.codec.encode(event, dedup))
+
+    def publish_many(self, events: list[tuple[str, Event, Optional[Dedup]]]) -> list[Record]:
+        """(topic, event, dedup) each; one append for all (see `EventBus.publish_many`)."""
+        if not events:
+            return []
+        return self.bus.publish_many([(topic, self.codec.encode(event, dedup)) for topic, event, dedup in events])

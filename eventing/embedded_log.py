@@ -28,6 +28,7 @@ from typing import Optional
 
 from eventing.bus import Record, TopicPartition
 from eventing.codec import Message
+from eventing.group_commit import GroupCommit
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS topics (name TEXT PRIMARY KEY, partitions INTEGER NOT NULL);
@@ -54,15 +55,12 @@ def partition_for(key: Optional[bytes], partitions: int, counter: int) -> int:
 
 
 class _Write:
-    """One queued write (an append or a group's offsets) and, once written, its outcome."""
+    """One queued write: an append (topic, message) or a group's offsets."""
 
-    __slots__ = ("topic", "message", "offsets", "record", "error", "done")
+    __slots__ = ("topic", "message", "offsets")
 
     def __init__(self, topic=None, message=None, offsets=None) -> None:
         self.topic, self.message, self.offsets = topic, message, offsets
-        self.record: Optional[Record] = None
-        self.error: Optional[BaseException] = None
-        self.done = False
 
 
 def _connect(path: Path, fsync: bool) -> sqlite3.Connection:
@@ -77,13 +75,11 @@ class EmbeddedLog:
     def __init__(self, path: Path, partitions: int = 4, fsync: bool = True) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         # Two connections: consumers read through `_conn` (under `_lock`) while a group commit
-        # writes through `_writer` (under `_write_lock` only); WAL lets the reads go on.
+        # writes through `_writer` (under the group commit's write lock only); WAL lets the reads go on.
         self._conn = _connect(path, fsync)
         self._conn.executescript(_SCHEMA)
         self._writer = _connect(path, fsync)
-        self._queue: list[_Write] = []
-        self._queue_lock = threading.Lock()
-        self._write_lock = threading.Lock()
+        self._group: GroupCommit[_Write, Optional[Record]] = GroupCommit(self._write_batch)
         self._lock = threading.RLock()
         self._appended = threading.Condition(self._lock)
         self._default_partitions = partitions
@@ -100,36 +96,27 @@ class EmbeddedLog:
 
     def publish(self, topic: str, message: Message) -> Record:
         """Append; returns once the record is durable (and visible to consumers)."""
-        return self._commit(_Write(topic=topic, message=message)).record  # type: ignore[return-value]
+        return self._group.submit(_Write(topic=topic, message=message))  # type: ignore[return-value]
 
-    def _commit(self, write: _Write) -> _Write:
-        with self._queue_lock:
-            self._queue.append(write)
-        with self._write_lock:
-            # Whoever holds the write lock writes everything queued so far: a write queued
-            # while the previous batch was being written goes in the next batch, and its
-            # thread finds it done (written by another) when its turn comes.
-            if not write.done:
-                with self._queue_lock:
-                    batch, self._queue = self._queue, []
-                self._write_batch(batch)
-        if write.error is not None:
-            raise write.error
-        return write
+    def publish_many(self, messages: list[tuple[str, Message]]) -> list[Record]:
+        """Append several records in one group commit; returns once all are durable."""
+        return self._group.submit_many([_Write(topic=topic, message=message) for topic, message in messages])  # type: ignore[return-value]
 
-    def _write_batch(self, batch: list[_Write]) -> None:
-        """One transaction for the batch. Offsets come from the committed ends (only this
-        thread writes), and the in-memory ends move only after the commit succeeded."""
+    def _write_batch(self, batch: list[_Write]) -> list:
+        """One transaction for the batch (see `GroupCommit`: only the thread holding its
+        write lock gets here). Offsets come from the committed ends, and the in-memory ends
+        move only after the commit succeeded. Outcomes: the Record of each append, None for
+        offsets, or the exception of a write that failed alone."""
         with self._lock:
             if self._closed:
-                error: Optional[BaseException] = sqlite3.ProgrammingError("the log is closed")
-                return self._finish(batch, error)
+                return [sqlite3.ProgrammingError("the log is closed")] * len(batch)
             known = dict(self._topics)
-            ends: dict[TopicPartition, int] = {}
-        new_topics, rows, records = [], [], []
+        ends: dict[TopicPartition, int] = {}
+        new_topics, rows, outcomes = [], [], []
         now = time.time()
         for write in batch:
             if write.message is None:
+                outcomes.append(None)
                 continue
             if write.topic not in known:
                 known[write.topic] = self._default_partitions
@@ -140,7 +127,7 @@ class EmbeddedLog:
             ends[tp] = offset + 1
             headers = json.dumps({k: v.decode("latin-1") for k, v in write.message.headers.items()})
             rows.append((tp[0], tp[1], offset, write.message.key, headers, write.message.value, now))
-            records.append((write, Record(tp[0], tp[1], offset, write.message, now)))
+            outcomes.append(Record(tp[0], tp[1], offset, write.message, now))
         offsets = [row for write in batch if write.offsets is not None for row in write.offsets]
         try:
             self._writer.execute("BEGIN IMMEDIATE")
@@ -161,26 +148,16 @@ class EmbeddedLog:
                 raise
         except Exception as exc:  # nothing of the batch was written
             if len(batch) > 1:  # one bad write must not fail its neighbours: each alone
-                for write in batch:
-                    self._write_batch([write])
-                return None
-            with self._lock:
-                return self._finish(batch, exc)
+                return [self._write_batch([write])[0] for write in batch]
+            return [exc]
         with self._lock:
             for topic in new_topics:
                 self._topics[topic] = known[topic]
                 for group in self._groups.values():
                     group.generation += 1  # pattern subscribers must pick the new topic up
             self._next.update(ends)
-            for write, record in records:
-                write.record = record
-            self._finish(batch, None)
             self._appended.notify_all()
-
-    @staticmethod
-    def _finish(batch: list[_Write], error: Optional[BaseException]) -> None:
-        for write in batch:
-            write.error, write.done = error, True
+        return outcomes
 
     # -- consuming ------------------------------------------------------------------------
 
@@ -209,7 +186,7 @@ class EmbeddedLog:
             return dict(self._topics)
 
     def close(self) -> None:
-        with self._write_lock, self._lock:  # not in the middle of a group commit
+        with self._group.writing(), self._lock:  # not in the middle of a group commit
             self._closed = True
             self._appended.notify_all()
             self._conn.close()
@@ -278,7 +255,7 @@ class EmbeddedConsumer:
             if self._closed:
                 return
             chosen = dict(self._positions) if offsets is None else offsets
-        self._log._commit(_Write(offsets=[(self.group, t, p, o) for (t, p), o in chosen.items()]))
+        self._log._group.submit(_Write(offsets=[(self.group, t, p, o) for (t, p), o in chosen.items()]))
 
     def committed(self) -> dict[TopicPartition, int]:
         with self._log._lock:

@@ -100,13 +100,24 @@ class KafkaBus:
     # -- producing ------------------------------------------------------------------------
 
     def publish(self, topic: str, message: Message) -> Record:
-        self._ensure_topic(topic)
-        future = self._producer.send(
-            topic, key=message.key, value=message.value, headers=list(message.headers.items())
-        )
-        metadata = future.get(timeout=self._publish_timeout)
-        # The broker's LogAppendTime if it sets one, else the CreateTime the producer stamped.
-        return Record(topic, metadata.partition, metadata.offset, message, _seconds(metadata.timestamp))
+        return self.publish_many([(topic, message)])[0]
+
+    def publish_many(self, messages: list[tuple[str, Message]]) -> list[Record]:
+        """Every send first, then every acknowledgement: the producer batches what is
+        queued together, so many records cost about one round trip to the broker. Each
+        key's records stay in order (idempotent producer, one partition per key)."""
+        for topic in {topic for topic, _message in messages}:
+            self._ensure_topic(topic)
+        futures = [
+            self._producer.send(topic, key=message.key, value=message.value, headers=list(message.headers.items()))
+            for topic, message in messages
+        ]
+        records = []
+        for (topic, message), future in zip(messages, futures):
+            metadata = future.get(timeout=self._publish_timeout)
+            # The broker's LogAppendTime if it sets one, else the CreateTime the producer stamped.
+            records.append(Record(topic, metadata.partition, metadata.offset, message, _seconds(metadata.timestamp)))
+        return records
 
     def _ensure_topic(self, topic: str) -> None:
         """Create the topic before its first record, so that record already goes to the

@@ -35,17 +35,15 @@ class Projector:
     def run_once(self, timeout: float = 1.0) -> int:
         records = self._unstored or self.consumer.poll(max_records=256, timeout=timeout)
         self._unstored = records  # until every event is stored; appending again is a no-op
-        woken: list[str] = []
+        events = []
         for record in records:
             try:
-                event = self.store.codec.decode(record.message)
+                events.append(self.store.codec.decode(record.message))
             except Exception:  # a poison record must not stall every tenant behind it
                 log.exception("projector: undecodable record %s/%s@%s skipped", record.topic, record.partition, record.offset)
-                continue
-            self.store.append(event)
-            request_id = getattr(event.data, "request_id", None)
-            if request_id:
-                woken.append(request_id)
+        # One transaction for the whole poll (a redelivered event id is still a no-op).
+        self.store.append_batch([(event, None) for event in events])
+        woken = [request_id for event in events if (request_id := getattr(event.data, "request_id", None))]
         self._unstored = []
         if records:
             # The store has committed: wake the long-polls first, then record the offsets

@@ -19,7 +19,10 @@ def make_engine(url: str) -> Engine:
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        # Connections are kept for every thread that may read at once (the gateway's worker
+        # threads, the projector, the workers): past pool_size a checked-in connection is
+        # closed, and opening one (with its pragmas) costs more than most queries.
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, pool_size=32, max_overflow=32)
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_connection, _record):

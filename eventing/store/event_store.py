@@ -39,6 +39,7 @@ _SUBMISSION_INSERT = insert(t.submissions)
 _SUBMISSION = select(t.submissions).where(
     t.submissions.c.tenant == bindparam("b_tenant"), t.submissions.c.dedup_key == bindparam("b_key")
 )
+_OUTBOX_DELETE = delete(t.outbox).where(t.outbox.c.event_id.in_(bindparam("b_ids", expanding=True)))
 _FENCE = select(t.lease_fences.c.lease_id).where(
     t.lease_fences.c.tenant == bindparam("b_tenant"), t.lease_fences.c.key == bindparam("b_key")
 )
@@ -68,6 +69,31 @@ class EventStore:
                 return Appended(stored=False)
             raise
         return Appended(stored=True)
+
+    def append_many(self, items: list[tuple[Event, Optional[str], Optional[Dedup]]]) -> list:
+        """(event, outbox_topic, dedup) each, in one transaction; per item its `Appended`, or
+        the Conflict (409) that item alone raised. A conflict is found before that item
+        writes anything, so it leaves its neighbours' writes alone; any other failure rolls
+        the batch back and every item is appended alone, each with its own answer."""
+        outcomes: list = []
+        try:
+            with self.engine.begin() as conn:
+                for event, outbox_topic, dedup in items:
+                    try:
+                        written = self._write(conn, event, outbox_topic, dedup)
+                    except Conflict as conflict:
+                        outcomes.append(conflict)
+                        continue
+                    outcomes.append(written if written is not None else Appended(stored=True))
+        except Exception:
+            return [self._append_alone(*item) for item in items]
+        return outcomes
+
+    def _append_alone(self, event: Event, outbox_topic: Optional[str], dedup: Optional[Dedup]):
+        try:
+            return self.append(event, outbox_topic=outbox_topic, dedup=dedup)
+        except Exception as exc:
+            return exc
 
     def append_batch(self, events: list[tuple[Event, Optional[Dedup]]]) -> int:
         """Append many events in one transaction (replay: one commit, one fsync, per batch
@@ -182,8 +208,13 @@ class EventStore:
         return [(self._row_to_event(row), row.topic, _dedup_of(row)) for row in rows]
 
     def mark_published(self, event_id: str) -> None:
+        self.mark_published_many([event_id])
+
+    def mark_published_many(self, event_ids: list[str]) -> None:
+        if not event_ids:
+            return
         with self.engine.begin() as conn:
-            conn.execute(delete(t.outbox).where(t.outbox.c.event_id == event_id))
+            conn.execute(_OUTBOX_DELETE, {"b_ids": event_ids})
 
     def read(self, after_position: int = 0, limit: int = 1000) -> list[tuple[int, Event]]:
         with self.engine.connect() as conn:

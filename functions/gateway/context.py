@@ -1,8 +1,9 @@
 """Everything a gateway request handler needs, built once per process.
 
 `emit` is the gateway's only way to change state: append the event (with its dedup key)
-to the store, then put it on the log, then clear its outbox row. If the process dies in
-between, `republish_outbox` on the next start finishes the job.
+to the store, then put it on the log, then clear its outbox row (`eventing.appender`, which
+group-commits concurrent requests' events). If the process dies in between,
+`republish_outbox` on the next start finishes the job.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from eventing import topics
+from eventing.appender import Appender
 from eventing.bus import EventPublisher
 from eventing.store.event_store import Appended, Dedup, EventStore
 from eventing.store.queries import Projections
@@ -38,6 +40,10 @@ class GatewayContext:
     operator_key_hash: Optional[str] = None  # sha256 of settings.operator_api_key
     # The store's wake-up channel (LISTEN/NOTIFY on PostgreSQL): reaches every gateway replica.
     notifier: Optional[Any] = None
+    appender: Appender = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.appender = Appender(self.store, self.publisher)
 
     @classmethod
     def hash_key(cls, api_key: str) -> str:
@@ -57,16 +63,7 @@ class GatewayContext:
     def emit(self, event: Event, topic: Optional[str] = None, dedup: Optional[Dedup] = None) -> Appended:
         """Store, then publish: to `topic` when a worker must act, else to the tenant's
         control stream, so the log carries every event (audit, metrics and replay read it)."""
-        topic = topic or topics.topic(event.tenant, "control")
-        appended = self.store.append(event, outbox_topic=topic, dedup=dedup)
-        if appended.stored:
-            self.publisher.publish(topic, event, dedup)
-            self.store.mark_published(event.id)
-        elif appended.duplicate_of is not None:
-            # A retry: the first attempt may have stored its event and then failed to
-            # publish it (broker down). Finish that now rather than leave its future hanging.
-            self.republish_outbox()
-        return appended
+        return self.appender.append(event, topic or topics.topic(event.tenant, "control"), dedup)
 
     def announce(self, ids: list[str]) -> None:
         """Wake the long-polls watching these ids in every gateway replica: this one at once,
@@ -77,8 +74,4 @@ class GatewayContext:
             self.notifier.notify(ids)
 
     def republish_outbox(self) -> int:
-        pending = self.store.unpublished()
-        for event, topic, dedup in pending:
-            self.publisher.publish(topic, event, dedup)
-            self.store.mark_published(event.id)
-        return len(pending)
+        return self.appender.republish_outbox()

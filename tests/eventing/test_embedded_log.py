@@ -33,15 +33,15 @@ def drain(log: EmbeddedLog, group: str, topic: str) -> list:
 def test_writes_queued_together_commit_in_one_batch_and_each_writer_gets_its_record(tmp_path, monkeypatch):
     log = EmbeddedLog(tmp_path / "log.db", partitions=2)
     batches: list[int] = []
-    write_batch = log._write_batch
-    monkeypatch.setattr(log, "_write_batch", lambda batch: (batches.append(len(batch)), write_batch(batch))[1])
+    write_batch = log._group._write_batch
+    monkeypatch.setattr(log._group, "_write_batch", lambda batch: (batches.append(len(batch)), write_batch(batch))[1])
     results: dict[int, object] = {}
     # Holding the write lock stands for a commit in progress: every publisher queues behind it.
-    with log._write_lock:
+    with log._group.writing():
         threads = [threading.Thread(target=lambda n=n: results.__setitem__(n, log.publish("t", message(f"k{n % 3}", n)))) for n in range(12)]
         for thread in threads:
             thread.start()
-        while len(log._queue) < 12:
+        while len(log._group._queue) < 12:
             threading.Event().wait(0.01)
     for thread in threads:
         thread.join(10)
@@ -105,7 +105,7 @@ def test_a_bad_write_fails_alone_and_its_batch_neighbours_are_written(tmp_path):
         except Exception as exc:  # the bad one's own error
             outcomes[name] = exc
 
-    with log._write_lock:
+    with log._group.writing():
         threads = [
             threading.Thread(target=publish, args=("good-1", b"a")),
             threading.Thread(target=publish, args=("bad", object())),  # sqlite cannot store it
@@ -113,7 +113,7 @@ def test_a_bad_write_fails_alone_and_its_batch_neighbours_are_written(tmp_path):
         ]
         for thread in threads:
             thread.start()
-        while len(log._queue) < 3:
+        while len(log._group._queue) < 3:
             threading.Event().wait(0.01)
     for thread in threads:
         thread.join(10)

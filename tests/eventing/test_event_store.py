@@ -187,3 +187,42 @@ def test_an_event_under_a_fenced_lease_is_kept_but_never_applied(store, tmp_path
     report = replay(store, reads, EventStore(engine, store.codec), Projections(engine))
     assert report.differences == []
     engine.dispose()
+
+
+def test_append_many_answers_each_submission_on_its_own_in_one_transaction(store):
+    """The appender's batch: a fresh submission is stored, a retry answers its first future,
+    a reused seq_id with another body is that item's Conflict, and its neighbours are kept."""
+    store, reads = store
+    session(store)
+    create_model(store)
+    first = te.OptimStepRequested(request_id="r1", model_id="s1:train:0", seq_id=1, adam_params=AdamParams())
+    retry = te.OptimStepRequested(request_id="r1-again", model_id="s1:train:0", seq_id=1, adam_params=AdamParams())
+    clash = te.OptimStepRequested(request_id="r-clash", model_id="s1:train:0", seq_id=1, adam_params=AdamParams())
+    second = te.OptimStepRequested(request_id="r2", model_id="s1:train:0", seq_id=2, adam_params=AdamParams())
+    seq = lambda n: f"seq:s1:train:0:{n}"  # noqa: E731
+    outcomes = store.append_many([
+        (ev(te.OPTIM_STEP["requested"], first), "openrl.alice.training", Dedup.of(seq(1), b"a")),
+        (ev(te.OPTIM_STEP["requested"], retry), "openrl.alice.training", Dedup.of(seq(1), b"a")),  # same body, same batch
+        (ev(te.OPTIM_STEP["requested"], clash), "openrl.alice.training", Dedup.of(seq(1), b"b")),
+        (ev(te.OPTIM_STEP["requested"], second), "openrl.alice.training", Dedup.of(seq(2), b"c")),
+    ])  # fmt: skip
+    assert outcomes[0].stored and outcomes[3].stored
+    assert not outcomes[1].stored and outcomes[1].duplicate_of == "r1"
+    assert isinstance(outcomes[2], Conflict) and "different body" in str(outcomes[2])
+    assert reads.future(T, "r1").state == "pending" and reads.future(T, "r2").state == "pending"
+    assert reads.future(T, "r1-again") is None and reads.future(T, "r-clash") is None
+    assert sorted(e.data.request_id for e, _topic, _dedup in store.unpublished()) == ["r1", "r2"]
+    store.mark_published_many([e.id for e, _topic, _dedup in store.unpublished()])
+    assert store.unpublished() == []
+
+
+def test_append_many_falls_back_to_one_by_one_when_the_batch_breaks(store):
+    """An event id already stored (a redelivery) breaks the batch's transaction: every item
+    is then appended alone and gets its own answer."""
+    store, reads = store
+    created = ev(se.SESSION_CREATED, se.SessionCreated(session_id="s1"))
+    assert store.append(created).stored
+    other = ev(se.SESSION_CREATED, se.SessionCreated(session_id="s2"))
+    outcomes = store.append_many([(created, None, None), (other, None, None)])
+    assert [o.stored for o in outcomes] == [False, True]
+    assert reads.session(T, "s2") is not None

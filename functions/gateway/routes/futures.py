@@ -80,9 +80,9 @@ async def retrieve_future(request: Request, ctx: GatewayContext = Depends(get_ct
             # Clear before reading, never after: a completion that lands while the store is
             # being read must still end the wait below.
             woken.clear()
-            row = await run_in_threadpool(_read_future, ctx, tenant, body.request_id)
-            if is_terminal(FutureState(row.state)):
-                return await run_in_threadpool(answer, row, accept, body.allow_metadata_only, ctx.settings.metadata_only_threshold_bytes)
+            done = await run_in_threadpool(_answer_if_finished, ctx, tenant, body, accept)
+            if done is not None:
+                return done
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 # 408 with the try_again body: the SDK (0.22 and 0.38 alike) re-polls at once
@@ -94,6 +94,14 @@ async def retrieve_future(request: Request, ctx: GatewayContext = Depends(get_ct
                 await asyncio.wait_for(woken.wait(), timeout=remaining)
             except asyncio.TimeoutError:
                 pass
+
+
+def _answer_if_finished(ctx: GatewayContext, tenant: str, body: FutureRetrieveRequest, accept: str):
+    """The answer of a finished future, or None while it runs (one thread hop for both)."""
+    row = _read_future(ctx, tenant, body.request_id)
+    if not is_terminal(FutureState(row.state)):
+        return None
+    return answer(row, accept, body.allow_metadata_only, ctx.settings.metadata_only_threshold_bytes)
 
 
 def _read_future(ctx: GatewayContext, tenant: str, request_id: str):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from fastapi import APIRouter, Depends, Request
+from starlette.concurrency import run_in_threadpool
 
 from eventing.store.event_store import Dedup
 from functions.gateway.context import GatewayContext
@@ -32,6 +33,10 @@ def _check_optimizer(config: dict | None) -> dict:
 @router.post("/create_model")
 async def create_model(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> UntypedAPIFuture:
     raw = await read_body(request, ctx.settings.max_request_bytes)
+    return await run_in_threadpool(_create_model, ctx, tenant, raw)
+
+
+def _create_model(ctx: GatewayContext, tenant: str, raw: bytes) -> UntypedAPIFuture:
     body = CreateModelRequest.model_validate_json(raw)
     require_session(ctx, tenant, body.session_id)
     ctx.models.catalog.resolve(body.base_model)
@@ -89,6 +94,10 @@ def resolve_checkpoint(ctx: GatewayContext, tenant: str, path: str):
 @router.post("/load_weights")
 async def load_weights(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> UntypedAPIFuture:
     raw = await read_body(request, ctx.settings.max_request_bytes)
+    return await run_in_threadpool(_load_weights, ctx, tenant, raw)
+
+
+def _load_weights(ctx: GatewayContext, tenant: str, raw: bytes) -> UntypedAPIFuture:
     body = LoadWeightsRequest.model_validate_json(raw)
     if body.session_id is not None and body.model_seq_id is not None:
         return _create_via_load(ctx, tenant, body, raw)

@@ -1,10 +1,15 @@
-"""Sampling: sampling sessions, sampler lookup, asample."""
+"""Sampling: sampling sessions, sampler lookup, asample.
+
+As in `training`, a route reads its body on the event loop and does the blocking rest (the
+store, the log) in a worker thread, where concurrent requests' appends are group-committed.
+"""
 
 from __future__ import annotations
 
 from typing import Optional
 
 from fastapi import APIRouter, Depends, Request
+from starlette.concurrency import run_in_threadpool
 
 from eventing.store.event_store import Dedup
 from functions.gateway.context import SOURCE, GatewayContext
@@ -40,6 +45,10 @@ async def create_sampling_session(
     request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)
 ) -> CreateSamplingSessionResponse:
     raw = await read_body(request, ctx.settings.max_request_bytes)
+    return await run_in_threadpool(_create_sampling_session, ctx, tenant, raw)
+
+
+def _create_sampling_session(ctx: GatewayContext, tenant: str, raw: bytes) -> CreateSamplingSessionResponse:
     body = CreateSamplingSessionRequest.model_validate_json(raw)
     require_session(ctx, tenant, body.session_id)
     sampling_session_id = sampling_session_id_for(body.session_id, body.sampling_session_seq_id)
@@ -91,6 +100,10 @@ def get_sampler(sampling_session_id: str, ctx: GatewayContext = Depends(get_ctx)
 @router.post("/asample")
 async def asample(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> UntypedAPIFuture:
     raw = await read_body(request, ctx.settings.max_request_bytes)
+    return await run_in_threadpool(_asample, ctx, tenant, raw)
+
+
+def _asample(ctx: GatewayContext, tenant: str, raw: bytes) -> UntypedAPIFuture:
     body = SampleRequest.model_validate_json(raw)
     if body.sampling_session_id is None:
         raise InvalidRequest("asample needs a sampling_session_id (create one with create_sampling_session)")

@@ -1,5 +1,10 @@
 """Training steps: forward_backward (protobuf or JSON), forward (JSON), optim_step, save_weights,
-save_weights_for_sampler."""
+save_weights_for_sampler.
+
+Each route reads its body on the event loop and does the rest (decode, lookups, the store
+and the log) in a worker thread: those block, and the appender group-commits the requests
+that arrive together only if they wait side by side, not one after another on the loop.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from typing import Callable
 
 import zstandard
 from fastapi import APIRouter, Depends, Request
+from starlette.concurrency import run_in_threadpool
 
 from functions.gateway import body_limit, jsonbodies, proto
 from functions.gateway.context import GatewayContext
@@ -64,7 +70,10 @@ def _unzstd(raw: bytes, limit: int) -> bytes:
 async def forward_backward(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> UntypedAPIFuture:
     """Protobuf (every SDK since 0.2x with `proto_write_fwdbwd`, always in 0.38) or JSON (older)."""
     raw = await _body(request, ctx)
-    content_type = request.headers.get("content-type", "").lower()
+    return await run_in_threadpool(_forward_backward, ctx, tenant, raw, request.headers.get("content-type", "").lower())
+
+
+def _forward_backward(ctx: GatewayContext, tenant: str, raw: bytes, content_type: str) -> UntypedAPIFuture:
     if "protobuf" in content_type:
         message = proto.parse_forward_backward(raw)
         return _submit_forward_backward(ctx, tenant, message.model_id, message.seq_id, raw, lambda: proto.decode_forward_backward(message))
@@ -85,6 +94,10 @@ async def forward(request: Request, ctx: GatewayContext = Depends(get_ctx), tena
     seq_id of the model and runs in order with everything else.
     """
     raw = await _body(request, ctx)
+    return await run_in_threadpool(_forward, ctx, tenant, raw)
+
+
+def _forward(ctx: GatewayContext, tenant: str, raw: bytes) -> UntypedAPIFuture:
     envelope = jsonbodies.parse_envelope(raw, "forward")
     return _submit_forward_backward(ctx, tenant, envelope.model_id, envelope.seq_id, raw, lambda: jsonbodies.decode(raw, forward_only=True))
 
@@ -116,6 +129,10 @@ def _submit_forward_backward(
 @router.post("/optim_step")
 async def optim_step(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> UntypedAPIFuture:
     raw = await read_body(request, ctx.settings.max_request_bytes)
+    return await run_in_threadpool(_optim_step, ctx, tenant, raw)
+
+
+def _optim_step(ctx: GatewayContext, tenant: str, raw: bytes) -> UntypedAPIFuture:
     body = OptimStepRequest.model_validate_json(raw)
     run = require_run(ctx, tenant, body.model_id)
 
@@ -130,6 +147,10 @@ async def optim_step(request: Request, ctx: GatewayContext = Depends(get_ctx), t
 @router.post("/save_weights")
 async def save_weights(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> UntypedAPIFuture:
     raw = await read_body(request, ctx.settings.max_request_bytes)
+    return await run_in_threadpool(_save_weights, ctx, tenant, raw)
+
+
+def _save_weights(ctx: GatewayContext, tenant: str, raw: bytes) -> UntypedAPIFuture:
     body = SaveWeightsRequest.model_validate_json(raw)
     run = require_run(ctx, tenant, body.model_id)
 
@@ -162,6 +183,10 @@ async def save_weights_for_sampler(
     request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)
 ) -> UntypedAPIFuture:
     raw = await read_body(request, ctx.settings.max_request_bytes)
+    return await run_in_threadpool(_save_weights_for_sampler, ctx, tenant, raw)
+
+
+def _save_weights_for_sampler(ctx: GatewayContext, tenant: str, raw: bytes) -> UntypedAPIFuture:
     body = SaveWeightsForSamplerRequest.model_validate_json(raw)
     run = require_run(ctx, tenant, body.model_id)
 

@@ -1,0 +1,86 @@
+"""The appender on a real SQLite store and a real embedded log: concurrent submissions share
+one store transaction and one log commit; what could not be published waits in the outbox."""
+
+from __future__ import annotations
+
+import threading
+
+from eventing.appender import Appender
+from eventing.blobs import BlobStore
+from eventing.bus import EventPublisher
+from eventing.codec import Codec
+from eventing.dedup import Dedup
+from eventing.embedded_log import EmbeddedLog
+from eventing.store import database
+from eventing.store.event_store import EventStore
+from openrl_core.events import new_event
+from openrl_core.events import sessions as se
+from openrl_core.events import training as te
+from openrl_core.params import AdamParams
+
+TOPIC = "openrl.alice.control"
+
+
+def setup(tmp_path):
+    engine = database.make_engine(f"sqlite:///{tmp_path / 'events.db'}")
+    database.upgrade(engine)
+    codec = Codec(BlobStore(tmp_path / "blobs"))
+    store = EventStore(engine, codec)
+    log = EmbeddedLog(tmp_path / "log.db")
+    return store, log, Appender(store, EventPublisher(log, codec))
+
+
+def created(sid: str):
+    return new_event(se.SESSION_CREATED, se.SessionCreated(session_id=sid), tenant="alice", source="/test", key=sid)
+
+
+def drain(log: EmbeddedLog) -> list[bytes]:
+    consumer = log.consumer("check", topics=[TOPIC])
+    values = [r.message.key for r in consumer.poll(max_records=100, timeout=0.2)]
+    consumer.close()
+    return values
+
+
+def test_concurrent_appends_share_a_batch_and_all_land_in_store_and_log(tmp_path):
+    store, log, appender = setup(tmp_path)
+    batches: list[int] = []
+    write = appender._group._write_batch
+    appender._group._write_batch = lambda items: (batches.append(len(items)), write(items))[1]
+    outcomes: dict[int, object] = {}
+    with appender._group.writing():  # a batch in progress: the others queue behind it
+        threads = [threading.Thread(target=lambda n=n: outcomes.__setitem__(n, appender.append(created(f"s{n}"), TOPIC))) for n in range(10)]
+        for thread in threads:
+            thread.start()
+        while len(appender._group._queue) < 10:
+            threading.Event().wait(0.01)
+    for thread in threads:
+        thread.join(10)
+    assert batches == [10]
+    assert all(outcome.stored for outcome in outcomes.values())
+    assert sorted(drain(log)) == sorted(f"s{n}".encode() for n in range(10))
+    assert store.unpublished() == []  # every outbox row cleared once the log had the event
+    log.close()
+
+
+def test_an_event_the_log_refused_waits_in_the_outbox_and_a_retry_publishes_it(tmp_path):
+    store, log, appender = setup(tmp_path)
+    log.close()  # the log is gone: the store takes the event, the log cannot
+
+    def step(request_id: str):
+        payload = te.OptimStepRequested(request_id=request_id, model_id="s1", seq_id=1, adam_params=AdamParams())
+        return new_event(te.OPTIM_STEP["requested"], payload, tenant="alice", source="/test", key="s1")
+
+    event = step("r1")
+    dedup = Dedup.of("seq:s1:1", b"body")
+    try:
+        appender.append(event, TOPIC, dedup)
+        raise AssertionError("publishing to a closed log must fail")
+    except Exception as exc:
+        assert "closed" in str(exc)
+    assert [e.id for e, _topic, _dedup in store.unpublished()] == [event.id]
+    reopened = EmbeddedLog(tmp_path / "log.db")
+    appender = Appender(store, EventPublisher(reopened, store.codec))
+    again = appender.append(step("r1-retry"), TOPIC, dedup)  # the SDK's retry: same identity
+    assert not again.stored and again.duplicate_of == "r1"  # the first future, now published
+    assert drain(reopened) == [b"s1"] and store.unpublished() == []
+    reopened.close()
