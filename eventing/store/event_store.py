@@ -1,10 +1,14 @@
 """The event store: appends events idempotently and folds them into projections.
 
-One `append` is one transaction: the submission's dedup row (so a retried request gets its
-first future back), the event row (unique by CloudEvent id, so a redelivered event is
-stored once and applied once), the projection change, and, for gateway events bound for a
-worker, an outbox row. The outbox row is deleted once the event is on the log; anything
-left in it after a crash is published again on start (at-least-once, like the log itself).
+One append is one transaction, for one event or a batch: per event its submission's dedup
+row (so a retried request gets its first future back), the event row (unique by CloudEvent
+id, so a redelivered event is stored once and applied once), its projection change and, for
+gateway events bound for a worker, an outbox row. The projections fold through the
+transaction's unit of work (`unit_of_work.Rows`): the rows a batch needs are read in a few
+queries up front and its changes written back in a few executemany statements at the end,
+so a batch costs about the same number of statements as one event. The outbox row is
+deleted once the event is on the log; anything left in it after a crash is published again
+(at-least-once, like the log itself).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-from sqlalchemy import bindparam, delete, insert, select, update
+from sqlalchemy import bindparam, delete, insert, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
@@ -20,6 +24,7 @@ from eventing.codec import Codec
 from eventing.dedup import Dedup  # noqa: F401  (re-exported: the store's callers name it from here)
 from eventing.store import projections
 from eventing.store import tables as t
+from eventing.store.unit_of_work import Rows, utc
 from openrl_core.errors import Conflict
 from openrl_core.events import Event
 from openrl_core.events.lifecycle import BlobRef
@@ -32,20 +37,18 @@ class Appended:
     fenced: bool = False  # stored, but not applied: its lease was older than its key's fence
 
 
-# Built once with bind parameters: a statement built per event, values as literals, cost
-# more than running it (see projections).
+# Built once with bind parameters: a statement built per call, values as literals, cost
+# more than running it.
 _EVENT_INSERT = insert(t.events)
-_SUBMISSION_INSERT = insert(t.submissions)
+_OUTBOX_INSERT = insert(t.outbox)
+_KNOWN_IDS = select(t.events.c.id).where(t.events.c.id.in_(bindparam("b_ids", expanding=True)))
 _SUBMISSION = select(t.submissions).where(
     t.submissions.c.tenant == bindparam("b_tenant"), t.submissions.c.dedup_key == bindparam("b_key")
 )
 _OUTBOX_DELETE = delete(t.outbox).where(t.outbox.c.event_id.in_(bindparam("b_ids", expanding=True)))
-_FENCE = select(t.lease_fences.c.lease_id).where(
-    t.lease_fences.c.tenant == bindparam("b_tenant"), t.lease_fences.c.key == bindparam("b_key")
-)
-_FENCE_UPDATE = update(t.lease_fences).where(
-    t.lease_fences.c.tenant == bindparam("b_tenant"), t.lease_fences.c.key == bindparam("b_key")
-)
+# The payload fields whose rows the fold reads, prefetched for a whole batch in one query each.
+_PREFETCH = (("futures", "request_id"), ("training_runs", "model_id"), ("sessions", "session_id"), ("sampling_sessions", "sampling_session_id"))
+_STEP_COMPLETIONS = ("ai.openrl.training.forward_backward.completed.v1", "ai.openrl.training.optim_step.completed.v1")
 
 
 class EventStore:
@@ -54,40 +57,29 @@ class EventStore:
         self.codec = codec
 
     def append(self, event: Event, *, outbox_topic: Optional[str] = None, dedup: Optional[Dedup] = None) -> Appended:
-        try:
-            with self.engine.begin() as conn:
-                duplicate = self._write(conn, event, outbox_topic, dedup)
-                if duplicate is not None:
-                    return duplicate
-        except IntegrityError:
-            if dedup is not None:
-                # A concurrent twin won the race on the dedup row: answer like a retry.
-                with self.engine.connect() as conn:
-                    if self._seen(conn, event.tenant, dedup):
-                        return Appended(stored=False, duplicate_of=self._earlier_submission(conn, event.tenant, dedup))
-            if self.contains(event.id):
-                return Appended(stored=False)
-            raise
-        return Appended(stored=True)
+        """Raises Conflict when the submission's identity was used with another body."""
+        outcome = self.append_many([(event, outbox_topic, dedup)])[0]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
 
     def append_many(self, items: list[tuple[Event, Optional[str], Optional[Dedup]]]) -> list:
         """(event, outbox_topic, dedup) each, in one transaction; per item its `Appended`, or
         the Conflict (409) that item alone raised. A conflict is found before that item
-        writes anything, so it leaves its neighbours' writes alone; any other failure rolls
-        the batch back and every item is appended alone, each with its own answer."""
-        outcomes: list = []
+        writes anything, so it leaves its neighbours' writes alone; any other failure (a
+        concurrent writer's twin row) rolls the batch back and every item is appended alone,
+        each with its own answer."""
         try:
             with self.engine.begin() as conn:
-                for event, outbox_topic, dedup in items:
-                    try:
-                        written = self._write(conn, event, outbox_topic, dedup)
-                    except Conflict as conflict:
-                        outcomes.append(conflict)
-                        continue
-                    outcomes.append(written if written is not None else Appended(stored=True))
-        except Exception:
-            return [self._append_alone(*item) for item in items]
-        return outcomes
+                return self._fold_batch(conn, items, raise_conflicts=False)
+        except IntegrityError:
+            if len(items) > 1:
+                return [self._append_alone(*item) for item in items]
+            event, _topic, dedup = items[0]
+            raced = self._after_race(event, dedup)
+            if raced is None:
+                raise
+            return [raced]
 
     def _append_alone(self, event: Event, outbox_topic: Optional[str], dedup: Optional[Dedup]):
         try:
@@ -95,100 +87,134 @@ class EventStore:
         except Exception as exc:
             return exc
 
-    def append_batch(self, events: list[tuple[Event, Optional[Dedup]]]) -> int:
-        """Append many events in one transaction (replay: one commit, one fsync, per batch
-        instead of per event). Returns how many were new. If any collides with a row
-        already stored, the batch is rolled back and appended one by one, which answers
-        each collision as `append` does."""
-        stored = 0
-        try:
-            with self.engine.begin() as conn:
-                for event, dedup in events:
-                    written = self._write(conn, event, None, dedup)
-                    stored += written is None or written.fenced
-        except IntegrityError:
-            return sum(self.append(event, dedup=dedup).stored for event, dedup in events)
-        return stored
-
-    def _write(self, conn, event: Event, outbox_topic: Optional[str], dedup: Optional[Dedup]) -> Optional[Appended]:
-        """Insert the event, its submission row and its projection changes; returns the
-        answer for a repeated submission instead (and writes nothing)."""
-        if dedup is not None:
-            if self._seen(conn, event.tenant, dedup):
-                return Appended(stored=False, duplicate_of=self._earlier_submission(conn, event.tenant, dedup))
-            conn.execute(
-                _SUBMISSION_INSERT,
-                dict(
-                    tenant=event.tenant,
-                    dedup_key=dedup.key,
-                    request_id=None if dedup.rejected else getattr(event.data, "request_id", None),
-                    payload_sha256=dedup.payload_sha256,
-                    rejected=dedup.rejected,
-                ),
-            )
-        fenced = self._fenced(conn, event)
-        data, claim = self.codec.pack(event)
-        conn.execute(
-            _EVENT_INSERT,
-            dict(
-                id=event.id,
-                type=event.type,
-                source=event.source,
-                tenant=event.tenant,
-                key=event.key,
-                subject=event.subject,
-                time=event.time,
-                data=data or None,
-                claim_sha256=claim.sha256 if claim else None,
-                claim_size=claim.size if claim else None,
-                dedup_key=dedup.key if dedup else None,
-                dedup_sha256=dedup.payload_sha256 if dedup else None,
-                dedup_rejected=dedup.rejected if dedup else None,
-                lease_id=event.lease,
-                fenced=True if fenced else None,
-            ),
-        )
-        if fenced:
-            return Appended(stored=True, fenced=True)
-        projections.apply(conn, event)
-        if outbox_topic is not None:
-            conn.execute(insert(t.outbox).values(event_id=event.id, topic=outbox_topic))
+    def _after_race(self, event: Event, dedup: Optional[Dedup]) -> Optional[Appended]:
+        """The answer for an append that lost a race to a concurrent twin (another process
+        stored the same submission or event id first), or None if it is something else."""
+        with self.engine.connect() as conn:
+            if dedup is not None:
+                row = conn.execute(_SUBMISSION, {"b_tenant": event.tenant, "b_key": dedup.key}).first()
+                if row is not None:
+                    _check_same(row, dedup)
+                    return Appended(stored=False, duplicate_of=row.request_id)
+            if conn.execute(_KNOWN_IDS, {"b_ids": [event.id]}).first() is not None:
+                return Appended(stored=False)
         return None
 
-    def _fenced(self, conn, event: Event) -> bool:
+    def append_batch(self, events: list[tuple[Event, Optional[Dedup]]]) -> int:
+        """Append many events in one transaction (the projector's poll, replay's batches).
+        Returns how many were new. A conflicting submission raises and stores nothing of the
+        batch; a row a concurrent writer stored first rolls the batch back and the events are
+        appended one by one, which answers each collision as `append` does."""
+        try:
+            with self.engine.begin() as conn:
+                outcomes = self._fold_batch(conn, [(event, None, dedup) for event, dedup in events], raise_conflicts=True)
+        except IntegrityError:
+            return sum(self.append(event, dedup=dedup).stored for event, dedup in events)
+        return sum(outcome.stored for outcome in outcomes)
+
+    def _fold_batch(self, conn, items, raise_conflicts: bool) -> list:
+        rows = Rows(conn)
+        known = set(conn.execute(_KNOWN_IDS, {"b_ids": list({event.id for event, _t, _d in items})}).scalars())
+        self._prefetch(rows, items)
+        outcomes: list = []
+        event_rows, outbox_rows = [], []
+        for event, outbox_topic, dedup in items:
+            if event.id in known:  # a redelivery (or a repeat within the batch)
+                outcomes.append(Appended(stored=False))
+                continue
+            try:
+                outcome = self._fold(rows, event, dedup)
+            except Conflict as conflict:
+                if raise_conflicts:
+                    raise
+                outcomes.append(conflict)
+                continue
+            outcomes.append(outcome)
+            if not outcome.stored:
+                continue
+            known.add(event.id)
+            event_rows.append(self._event_row(event, dedup, outcome.fenced))
+            if outbox_topic is not None and not outcome.fenced:
+                outbox_rows.append({"event_id": event.id, "topic": outbox_topic})
+        if event_rows:
+            conn.execute(_EVENT_INSERT, event_rows)
+        if outbox_rows:
+            conn.execute(_OUTBOX_INSERT, outbox_rows)
+        rows.flush()
+        return outcomes
+
+    def _prefetch(self, rows: Rows, items) -> None:
+        """Read, in one query per table, the rows the batch's fold will ask for."""
+        rows.prefetch("submissions", [(event.tenant, dedup.key) for event, _t, dedup in items if dedup is not None])
+        rows.prefetch("lease_fences", [(event.tenant, event.key) for event, _t, _d in items if _leased(event)])
+        for table, field in _PREFETCH:
+            rows.prefetch(table, [(value,) for event, _t, _d in items if (value := getattr(event.data, field, None))])
+        # What completions reach through their future: its run, and the run's latest step.
+        futures = [(event, rows.get("futures", request_id)) for event, _t, _d in items if (request_id := getattr(event.data, "request_id", None))]
+        rows.prefetch("training_runs", [(future["model_id"],) for _event, future in futures if future and future["model_id"]])
+        stepping = sorted({future["model_id"] for event, future in futures if future and future["model_id"] and event.type in _STEP_COMPLETIONS})
+        if stepping:
+            rows.prefetch_latest("run_steps", "step", *(("model_id", model_id) for model_id in stepping))
+
+    def _fold(self, rows: Rows, event: Event, dedup: Optional[Dedup]) -> Appended:
+        """The submission (dedup), the lease fence and the projection change of one event;
+        a repeated submission writes nothing and answers with its first future."""
+        if dedup is not None:
+            earlier = rows.get("submissions", event.tenant, dedup.key)
+            if earlier is not None:
+                _check_same(earlier, dedup)
+                return Appended(stored=False, duplicate_of=earlier["request_id"])
+            rows.insert(
+                "submissions",
+                tenant=event.tenant,
+                dedup_key=dedup.key,
+                request_id=None if dedup.rejected else getattr(event.data, "request_id", None),
+                payload_sha256=dedup.payload_sha256,
+                rejected=dedup.rejected,
+            )
+        if self._fenced(rows, event):
+            return Appended(stored=True, fenced=True)
+        projections.apply(rows, event)
+        return Appended(stored=True)
+
+    @staticmethod
+    def _fenced(rows: Rows, event: Event) -> bool:
         """Fencing by lease: per (tenant, key), a training worker's events must carry
         non-decreasing leases. One carrying a lower lease than one already applied comes
         from a holder that lost its lease (paused past the deadline, replaced) and is
         refused; otherwise the key's fence moves up to it. Deterministic in log order, so a
         replay refuses exactly what the live store refused."""
-        if event.lease is None or event.key is None or event.family != "training":
+        if not _leased(event):
             return False
-        fence = conn.execute(_FENCE, {"b_tenant": event.tenant, "b_key": event.key}).scalar()
+        fence = rows.get("lease_fences", event.tenant, event.key)
         if fence is None:
-            conn.execute(insert(t.lease_fences).values(tenant=event.tenant, key=event.key, lease_id=event.lease))
+            rows.insert("lease_fences", tenant=event.tenant, key=event.key, lease_id=event.lease)
             return False
-        if event.lease < fence:
+        if event.lease < fence["lease_id"]:
             return True
-        if event.lease > fence:
-            conn.execute(_FENCE_UPDATE, {"b_tenant": event.tenant, "b_key": event.key, "lease_id": event.lease})
+        if event.lease > fence["lease_id"]:
+            rows.update("lease_fences", (event.tenant, event.key), lease_id=event.lease)
         return False
 
-    def _seen(self, conn, tenant: str, dedup: Dedup) -> bool:
-        """True when this exact submission was made before; a conflicting one raises."""
-        row = conn.execute(_SUBMISSION, {"b_tenant": tenant, "b_key": dedup.key}).first()
-        if row is None:
-            return False
-        what = dedup.key.split(":", 1)[-1]
-        if row.rejected and not dedup.rejected:
-            raise Conflict(f"{what} was already used by a refused request")
-        if row.payload_sha256 != dedup.payload_sha256 or row.rejected != dedup.rejected:
-            raise Conflict(f"{what} was already submitted with a different body")
-        return True
-
-    def _earlier_submission(self, conn, tenant: str, dedup: Dedup) -> Optional[str]:
-        return conn.execute(
-            select(t.submissions.c.request_id).where(t.submissions.c.tenant == tenant, t.submissions.c.dedup_key == dedup.key)
-        ).scalar()
+    def _event_row(self, event: Event, dedup: Optional[Dedup], fenced: bool) -> dict:
+        data, claim = self.codec.pack(event)
+        return dict(
+            id=event.id,
+            type=event.type,
+            source=event.source,
+            tenant=event.tenant,
+            key=event.key,
+            subject=event.subject,
+            time=event.time,
+            data=data or None,
+            claim_sha256=claim.sha256 if claim else None,
+            claim_size=claim.size if claim else None,
+            dedup_key=dedup.key if dedup else None,
+            dedup_sha256=dedup.payload_sha256 if dedup else None,
+            dedup_rejected=dedup.rejected if dedup else None,
+            lease_id=event.lease,
+            fenced=True if fenced else None,
+        )
 
     def submitted(self, tenant: str, dedup: Dedup) -> bool:
         """Whether a submission under this identity is already stored (with any body)."""
@@ -197,7 +223,7 @@ class EventStore:
 
     def contains(self, event_id: str) -> bool:
         with self.engine.connect() as conn:
-            return conn.execute(select(t.events.c.id).where(t.events.c.id == event_id)).first() is not None
+            return conn.execute(_KNOWN_IDS, {"b_ids": [event_id]}).first() is not None
 
     def unpublished(self) -> list[tuple[Event, str, Optional[Dedup]]]:
         """Outbox events not yet on the log: (event, topic, its dedup identity)."""
@@ -250,13 +276,27 @@ class EventStore:
             id=row.id,
             type=row.type,
             source=row.source,
-            time=projections.utc(row.time),
+            time=utc(row.time),
             tenant=row.tenant,
             key=row.key,
             subject=row.subject,
             lease=row.lease_id,
             data=self.codec.unpack(row.tenant, row.type, row.data, claim),
         )
+
+
+def _leased(event: Event) -> bool:
+    return event.lease is not None and event.key is not None and event.family == "training"
+
+
+def _check_same(earlier, dedup: Dedup) -> None:
+    """A submission made again must be the same one; a conflicting one raises Conflict."""
+    row = earlier if isinstance(earlier, dict) else earlier._mapping
+    what = dedup.key.split(":", 1)[-1]
+    if row["rejected"] and not dedup.rejected:
+        raise Conflict(f"{what} was already used by a refused request")
+    if row["payload_sha256"] != dedup.payload_sha256 or bool(row["rejected"]) != dedup.rejected:
+        raise Conflict(f"{what} was already submitted with a different body")
 
 
 def _dedup_of(row) -> Optional[Dedup]:

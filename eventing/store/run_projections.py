@@ -31,11 +31,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Optional
 
-from sqlalchemy import bindparam, insert, select, update
-from sqlalchemy.engine import Connection
-
-from eventing.store import tables as t
-from eventing.store.projections import _future, _insert_run, _touch_run, _upsert_checkpoint, handles, utc
+from eventing.store.projections import _future, _insert_run, _touch_run, _upsert_checkpoint, handles
+from eventing.store.unit_of_work import Rows, utc
 from openrl_core.events import Event
 from openrl_core.events import training as training_events
 from openrl_core.events.lifecycle import RequestFailed
@@ -58,45 +55,33 @@ def _earliest(*moments: Optional[datetime]) -> Optional[datetime]:
     return min(known) if known else None
 
 
-# Built once with bind parameters: every training completion runs these, and building and
-# compiling a statement per event cost more than running it (as in `projections`).
-_REQUEST = select(t.futures.c.state, t.futures.c.model_id, t.futures.c.created_at).where(
-    t.futures.c.request_id == bindparam("b_request_id")
-)
-# A run's open step (no optim_step yet) is always its latest: a step opens only when none is
-# open. So one lookup down the primary key finds it (and the next step's number), instead of
-# a filter on `completed_at` over every step of the run plus a max() query.
-_LATEST_STEP = (
-    select(t.run_steps).where(t.run_steps.c.model_id == bindparam("b_model_id")).order_by(t.run_steps.c.step.desc()).limit(1)
-)
-_STEP_INSERT = insert(t.run_steps)
-_STEP_UPDATE = update(t.run_steps).where(
-    t.run_steps.c.model_id == bindparam("b_model_id"), t.run_steps.c.step == bindparam("b_step")
-)
-
-
 @handles(training_events.FORWARD_BACKWARD["completed"], training_events.OPTIM_STEP["completed"])
-def _step_progress(conn: Connection, event: Event) -> None:
-    request = conn.execute(_REQUEST, {"b_request_id": event.data.request_id}).first()
-    _future(conn, event)
-    if request is None or is_terminal(FutureState(request.state)):
+def _step_progress(rows: Rows, event: Event) -> None:
+    request = rows.get("futures", event.data.request_id)
+    # Read before the fold moves the future on: whether it was still open decides the step.
+    if request is not None:
+        state, model_id, requested = request["state"], request["model_id"], utc(request["created_at"])
+    _future(rows, event)
+    if request is None or is_terminal(FutureState(state)):
         return  # unknown, or already ended (a redelivery, or a cancelled run's late work)
     details = event.data.details or {}
     metrics = event.data.result.get("metrics") or {}
     optim = event.verb == "optim_step"
     if not optim and details.get("forward_only"):
         return
-    model_id, requested, started = request.model_id, utc(request.created_at), _moment(details.get("started"))
-    latest = conn.execute(_LATEST_STEP, {"b_model_id": model_id}).first()
-    row = latest if latest is not None and latest.completed_at is None else None
+    started = _moment(details.get("started"))
+    # A run's open step (no optim_step yet) is always its latest: a step opens only when
+    # none is open. So the latest row is the one to add to (or tells the next number).
+    latest = rows.latest("run_steps", "step", model_id=model_id)
+    row = latest if latest is not None and latest["completed_at"] is None else None
     if row is None:  # the step's first request to complete opens it
-        step, loss, tokens, calls = (latest.step if latest is not None else 0) + 1, None, 0, 0
+        step, loss, tokens, calls = (latest["step"] if latest is not None else 0) + 1, None, 0, 0
         values: dict = dict(first_request_at=requested, started_at=started)
     else:
-        step, loss, tokens, calls = row.step, row.loss, row.tokens, row.forward_backward
+        step, loss, tokens, calls = row["step"], row["loss"], row["tokens"], row["forward_backward"]
         values = {}
-        first, begun = _earliest(row.first_request_at, requested), _earliest(row.started_at, started)
-        if first != utc(row.first_request_at) or begun != utc(row.started_at):
+        first, begun = _earliest(row["first_request_at"], requested), _earliest(row["started_at"], started)
+        if first != utc(row["first_request_at"]) or begun != utc(row["started_at"]):
             values.update(first_request_at=first, started_at=begun)
     if optim:
         values.update(
@@ -113,9 +98,9 @@ def _step_progress(conn: Connection, event: Event) -> None:
             forward_backward=calls + 1,
         )
     if row is None:
-        conn.execute(_STEP_INSERT, dict(model_id=model_id, step=step, tenant=event.tenant, **{"tokens": 0, "forward_backward": 0, **values}))
+        rows.insert("run_steps", fresh=True, model_id=model_id, step=step, tenant=event.tenant, **{"tokens": 0, "forward_backward": 0, **values})
     else:
-        conn.execute(_STEP_UPDATE, {"b_model_id": model_id, "b_step": step, **values})
+        rows.update("run_steps", (model_id, step), **values)
 
 
 def _number(value) -> Optional[float]:
@@ -129,69 +114,64 @@ def cancellation_message(data) -> str:
 
 
 @handles(training_events.RUN_CANCELLED)
-def _run_cancelled(conn: Connection, event: Event) -> None:
+def _run_cancelled(rows: Rows, event: Event) -> None:
     data = event.data
-    runs = t.training_runs
-    run = conn.execute(select(runs.c.state).where(runs.c.model_id == data.model_id, runs.c.tenant == event.tenant)).first()
-    if run is None or run.state == "cancelled":
+    run = rows.get("training_runs", data.model_id)
+    if run is None or run["tenant"] != event.tenant or run["state"] == "cancelled":
         return
-    conn.execute(
-        update(runs).where(runs.c.model_id == data.model_id).values(state="cancelled", cancelled_at=event.time, last_request_time=event.time)
-    )
+    rows.update("training_runs", (data.model_id,), state="cancelled", cancelled_at=event.time, last_request_time=event.time)
     message = cancellation_message(data)
-    _cancel_futures(conn, event, [data.model_id], message)
-    samplers = t.sampling_sessions
+    _cancel_futures(rows, event, [data.model_id], message)
     closing = [
-        row.sampling_session_id
-        for row in conn.execute(
-            select(samplers.c.sampling_session_id).where(
-                samplers.c.tenant == event.tenant, samplers.c.run_id == data.model_id, samplers.c.closed_at.is_(None)
-            )
-        )
+        sampler["sampling_session_id"]
+        for sampler in rows.select("sampling_sessions", tenant=event.tenant, run_id=data.model_id)
+        if sampler["closed_at"] is None
     ]
+    for sampling_session_id in closing:
+        rows.update("sampling_sessions", (sampling_session_id,), closed_at=event.time)
     if closing:
-        conn.execute(update(samplers).where(samplers.c.sampling_session_id.in_(closing)).values(closed_at=event.time))
-        _cancel_futures(conn, event, closing, f"{message}; its sampling sessions were closed")
+        _cancel_futures(rows, event, closing, f"{message}; its sampling sessions were closed")
 
 
-def _cancel_futures(conn: Connection, event: Event, keys: list[str], message: str) -> None:
-    conn.execute(
-        update(t.futures)
-        .where(t.futures.c.tenant == event.tenant, t.futures.c.model_id.in_(keys), t.futures.c.state.in_(OPEN))
-        .values(state=FutureState.CANCELLED.value, error=message, category="user", completed_at=event.time)
-    )
+def _cancel_futures(rows: Rows, event: Event, keys: list[str], message: str) -> None:
+    for key in keys:
+        for future in rows.select("futures", tenant=event.tenant, model_id=key, state=OPEN):
+            rows.update(
+                "futures", (future["request_id"],),
+                state=FutureState.CANCELLED.value, error=message, category="user", completed_at=event.time,
+            )  # fmt: skip
 
 
 @handles(training_events.FORK["requested"])
-def _fork_requested(conn: Connection, event: Event) -> None:
-    if _future(conn, event) is not FutureState.PENDING:
+def _fork_requested(rows: Rows, event: Event) -> None:
+    if _future(rows, event) is not FutureState.PENDING:
         return
     data = event.data
-    if conn.execute(select(t.sessions.c.session_id).where(t.sessions.c.session_id == data.session_id)).first() is None:
-        conn.execute(
-            insert(t.sessions).values(
-                session_id=data.session_id, tenant=event.tenant, tags=["fork"], user_metadata={},
-                project_id=data.project_id, display_name=f"fork of {data.parent_id} at step {data.step}",
-                created_at=event.time, last_heartbeat_at=event.time,
-            )
+    if rows.get("sessions", data.session_id) is None:
+        rows.insert(
+            "sessions",
+            session_id=data.session_id, tenant=event.tenant, tags=["fork"], user_metadata={},
+            project_id=data.project_id, display_name=f"fork of {data.parent_id} at step {data.step}",
+            created_at=event.time, last_heartbeat_at=event.time,
         )  # fmt: skip
-    _insert_run(conn, event, data.model_id)
-    _touch_run(conn, data.model_id, event.time, forked_from_run=data.parent_id, forked_from_step=data.step)
+    _insert_run(rows, event, data.model_id)
+    _touch_run(rows, data.model_id, event.time, forked_from_run=data.parent_id, forked_from_step=data.step)
 
 
 @handles(training_events.FORK["completed"], training_events.FORK["failed"])
-def _fork_finished(conn: Connection, event: Event) -> None:
-    request = t.futures.c.request_id == event.data.request_id
-    before = conn.execute(select(t.futures.c.state, t.futures.c.model_id).where(request)).first()
-    if before is None or is_terminal(FutureState(before.state)) or _future(conn, event) is None:
+def _fork_finished(rows: Rows, event: Event) -> None:
+    before = rows.get("futures", event.data.request_id)
+    if before is None or is_terminal(FutureState(before["state"])):
         return
-    runs = t.training_runs
-    run = conn.execute(select(runs.c.state).where(runs.c.model_id == before.model_id)).first()
-    if run is None or run.state != "creating":
+    model_id = before["model_id"]
+    if _future(rows, event) is None:
+        return
+    run = rows.get("training_runs", model_id)
+    if run is None or run["state"] != "creating":
         return  # cancelled while it was being built: it stays cancelled, its state unsaved
     if isinstance(event.data, RequestFailed):
-        _touch_run(conn, before.model_id, event.time, state="failed", error=event.data.error)
+        _touch_run(rows, model_id, event.time, state="failed", error=event.data.error)
         return
-    _touch_run(conn, before.model_id, event.time, state="ready")
+    _touch_run(rows, model_id, event.time, state="ready")
     if event.data.checkpoint is not None:
-        _upsert_checkpoint(conn, event, event.data.checkpoint)
+        _upsert_checkpoint(rows, event, event.data.checkpoint)

@@ -11,6 +11,7 @@ from sqlalchemy import select
 
 from eventing.store import database, projections, tables
 from eventing.store.queries import Projections
+from eventing.store.unit_of_work import Rows
 from functions.gateway import downloads
 from functions.gateway.routes.checkpoints import reap_expired
 from tests.functions.gateway.rest_rig import BOB, MODEL, assert_clear_4xx, rest  # noqa: F401  (fixture)
@@ -283,8 +284,10 @@ def test_replaying_the_events_rebuilds_the_same_runs_checkpoints_and_sessions(re
     engine = database.make_engine(f"sqlite:///{tmp_path / 'replay.db'}")
     database.upgrade(engine)
     with engine.begin() as conn:
+        rows = Rows(conn)
         for _, event in rest.runtime.store.iterate():
-            projections.apply(conn, event)
+            projections.apply(rows, event)
+        rows.flush()
     replayed = Projections(engine)
     for table in ("checkpoints", "training_runs", "sessions"):
         assert replayed.table_rows(table) == rest.runtime.projections.table_rows(table), table

@@ -1,0 +1,227 @@
+"""The projections' unit of work: the rows one transaction reads and writes, batched.
+
+The projections fold events into rows through a `Rows` only. It reads a row from the
+database the first time it is asked for (or for a whole batch at once: `prefetch`), keeps it,
+and writes back at `flush` only what changed: per table, one executemany of the inserts, one
+per set of changed columns of the updates, one of the deletes. A transaction that folds a
+hundred events thus costs a handful of statements instead of several per event, which is what
+the live path's batches (the gateway's group commit, the projector's poll) and replay's long
+batches pay for.
+
+Rows are dicts of every column of their table, with the values the database gives back,
+except that datetimes are always UTC-aware (SQLite hands them back naive). A row handed out
+is the unit of work's own: change it only through `insert`, `update` and `delete`. An update
+writes only the columns it changed, so two processes updating different columns of one row
+(the gateway a run's last request time, the projector its state) never undo each other.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Iterable, Optional
+
+from sqlalchemy import DateTime, bindparam, delete, func, insert, select, tuple_, update
+from sqlalchemy.engine import Connection
+
+from eventing.store import tables as t
+
+Row = dict[str, Any]
+Key = tuple
+
+TABLES = {
+    table.name: table
+    for table in (t.sessions, t.training_runs, t.run_steps, t.checkpoints, t.sampling_sessions, t.futures, t.submissions, t.lease_fences)
+}
+_PRIMARY = {name: [c.name for c in table.primary_key.columns] for name, table in TABLES.items()}
+_COLUMNS = {name: [c.name for c in table.columns] for name, table in TABLES.items()}
+_DATETIMES = {name: [c.name for c in table.columns if isinstance(c.type, DateTime)] for name, table in TABLES.items()}
+
+
+def key_of(table: str, row: Row) -> Key:
+    return tuple(row[c] for c in _PRIMARY[table])
+
+
+def _matches(row: Row, equal: dict) -> bool:
+    return all(row[c] in v if isinstance(v, tuple) else row[c] == v for c, v in equal.items())
+
+
+def utc(value: Optional[datetime]) -> Optional[datetime]:
+    """SQLite hands datetimes back naive; everything stored here is UTC."""
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=timezone.utc)
+
+
+class _Statements:
+    """Each table's statements, built once with bind parameters (building one per call cost
+    more than running it)."""
+
+    def __init__(self) -> None:
+        self.by_keys, self.insert, self.delete, self._updates = {}, {}, {}, {}
+        for name, table in TABLES.items():
+            columns = [table.c[c] for c in _PRIMARY[name]]
+            match = columns[0] if len(columns) == 1 else tuple_(*columns)
+            self.by_keys[name] = select(table).where(match.in_(bindparam("b_keys", expanding=True)))
+            self.insert[name] = insert(table)
+            self.delete[name] = delete(table).where(*(c == bindparam("b_" + c.name) for c in columns))
+
+    def update(self, name: str, changed: frozenset[str]):
+        statement = self._updates.get((name, changed))
+        if statement is None:
+            table = TABLES[name]
+            statement = (
+                update(table)
+                .where(*(table.c[c] == bindparam("b_" + c) for c in _PRIMARY[name]))
+                .values({c: bindparam("v_" + c) for c in sorted(changed)})
+            )
+            self._updates[(name, changed)] = statement
+        return statement
+
+
+_STATEMENTS = _Statements()
+
+
+class Rows:
+    """The rows of one transaction on `conn` (see the module docstring)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._rows: dict[str, dict[Key, Optional[Row]]] = {name: {} for name in TABLES}  # None: known absent
+        self._stored: dict[str, set[Key]] = {name: set() for name in TABLES}  # keys the database holds
+        self._changed: dict[str, dict[Key, set[str]]] = {name: {} for name in TABLES}
+        self._latest: dict[tuple, bool] = {}  # (table, column, equal items) already read from the database
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def get(self, table: str, *key) -> Optional[Row]:
+        cache = self._rows[table]
+        if key not in cache:
+            self.prefetch(table, [key])
+        return cache[key]
+
+    def prefetch(self, table: str, keys: Iterable[Key]) -> None:
+        """Read every row of `keys` not yet known, in one query."""
+        cache = self._rows[table]
+        wanted = list({key for key in keys if key not in cache})
+        if not wanted:
+            return
+        single = len(_PRIMARY[table]) == 1
+        for start in range(0, len(wanted), 500):  # bounded IN lists
+            chunk = wanted[start : start + 500]
+            found = self.conn.execute(_STATEMENTS.by_keys[table], {"b_keys": [k[0] for k in chunk] if single else chunk})
+            for row in found:
+                self._remember(table, row)
+            for key in chunk:
+                cache.setdefault(key, None)
+
+    def select(self, table: str, **equal) -> list[Row]:
+        """Every row whose columns equal `equal` (a tuple value: any of its values); a
+        secondary lookup, not one for every event."""
+        source = TABLES[table]
+        where = [source.c[c].in_(v) if isinstance(v, tuple) else source.c[c] == v for c, v in equal.items()]
+        for row in self.conn.execute(select(source).where(*where)):
+            self._remember(table, row)
+        return [row for row in self._rows[table].values() if row is not None and _matches(row, equal)]
+
+    def latest(self, table: str, column: str, **equal) -> Optional[Row]:
+        """The row matching `equal` with the greatest `column` (e.g. a run's last step)."""
+        marker = (table, column, tuple(sorted(equal.items())))
+        if marker not in self._latest:
+            self.prefetch_latest(table, column, *equal.items())
+        matching = [row for row in self._rows[table].values() if row is not None and _matches(row, equal)]
+        return max(matching, key=lambda row: row[column], default=None)
+
+    def prefetch_latest(self, table: str, column: str, group: tuple[str, Any], *more: tuple[str, Any]) -> None:
+        """`latest` for many values of one column at once: `group` is (column, value) and
+        `more` further (column, value) pairs of the same column, one query for all of them."""
+        name, _ = group
+        values = [v for c, v in (group, *more) if c == name]
+        pending = [v for v in values if (table, column, ((name, v),)) not in self._latest]
+        if not pending:
+            return
+        source = TABLES[table]
+        top = (
+            select(source.c[name], func.max(source.c[column]).label("top"))
+            .where(source.c[name].in_(pending))
+            .group_by(source.c[name])
+            .subquery()
+        )
+        query = select(source).join(top, (source.c[name] == top.c[name]) & (source.c[column] == top.c.top))
+        for row in self.conn.execute(query):
+            self._remember(table, row)
+        for value in pending:
+            self._latest[(table, column, ((name, value),))] = True
+
+    def _remember(self, table: str, record) -> None:
+        row = dict(record._mapping)
+        for column in _DATETIMES[table]:
+            row[column] = utc(row[column])
+        key = key_of(table, row)
+        self._stored[table].add(key)
+        if key not in self._rows[table]:  # what this transaction changed wins over a re-read
+            self._rows[table][key] = row
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def insert(self, table: str, *, fresh: bool = False, **values) -> Row:
+        """Insert (or replace) a whole row; columns not given are None. `fresh`: the caller
+        knows no such row is stored (a step number one past the latest), so none is read."""
+        unknown = set(values) - set(_COLUMNS[table])
+        if unknown:
+            raise KeyError(f"{table} has no columns {sorted(unknown)}")
+        row = {column: values.get(column) for column in _COLUMNS[table]}
+        key = key_of(table, row)
+        if key not in self._rows[table] and not fresh:
+            self.prefetch(table, [key])  # whether the database holds it decides insert or update
+        self._rows[table][key] = row
+        self._changed[table][key] = set(_COLUMNS[table])
+        return row
+
+    def update(self, table: str, key: Key, **values) -> Optional[Row]:
+        """Change some columns of a row; None (and nothing changed) when there is no such row."""
+        row = self.get(table, *key)
+        if row is None:
+            return None
+        changed = self._changed[table].setdefault(key, set())
+        for column, value in values.items():
+            if column not in row:
+                raise KeyError(f"{table} has no column {column!r}")
+            if row[column] != value or type(row[column]) is not type(value):  # 1 == 1.0 == True, yet not the same value
+                row[column] = value
+                changed.add(column)
+        return row
+
+    def delete(self, table: str, key: Key) -> None:
+        if self.get(table, *key) is not None:
+            self._rows[table][key] = None
+            self._changed[table][key] = set()
+
+    def flush(self) -> None:
+        """Write back every change: inserts, updates by changed columns, deletes."""
+        for table in TABLES:
+            inserts, deletes, updates = [], [], {}
+            for key, changed in self._changed[table].items():
+                row, stored = self._rows[table][key], key in self._stored[table]
+                if row is None:
+                    if stored:
+                        deletes.append({"b_" + c: v for c, v in zip(_PRIMARY[table], key)})
+                elif not stored:
+                    inserts.append(row)
+                elif changed:
+                    columns = frozenset(changed - set(_PRIMARY[table]))
+                    if columns:
+                        params = {"b_" + c: v for c, v in zip(_PRIMARY[table], key)}
+                        params.update({"v_" + c: row[c] for c in columns})
+                        updates.setdefault(columns, []).append(params)
+            if deletes:
+                self.conn.execute(_STATEMENTS.delete[table], deletes)
+            if inserts:
+                self.conn.execute(_STATEMENTS.insert[table], inserts)
+            for columns, params in updates.items():
+                self.conn.execute(_STATEMENTS.update(table, columns), params)
+            for key, _changed in self._changed[table].items():
+                if self._rows[table][key] is None:
+                    self._stored[table].discard(key)
+                else:
+                    self._stored[table].add(key)
+            self._changed[table] = {}
