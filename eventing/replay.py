@@ -48,7 +48,7 @@ class ReplayReport:
         return self.events / self.seconds if self.seconds > 0 else float("inf")
 
 
-def rebuild(source: EventStore, target: EventStore, batch: int = 500) -> tuple[int, float]:
+def rebuild(source: EventStore, target: EventStore, batch: int = 2000) -> tuple[int, float]:
     """Append every source event to `target` in order; returns (events, seconds)."""
     started = time.perf_counter()
     count, position = 0, 0
@@ -56,7 +56,8 @@ def rebuild(source: EventStore, target: EventStore, batch: int = 500) -> tuple[i
         chunk = source.read_with_dedup(position, batch)
         if not chunk:
             break
-        # One transaction per chunk: the fold is the same, the commits (and fsyncs) are not.
+        # One transaction per chunk: the fold is the same, the commits (and fsyncs) are not,
+        # and the unit of work reads and writes a chunk's rows in a few statements.
         target.append_batch([(event, dedup) for _, event, dedup in chunk])
         count += len(chunk)
         position = chunk[-1][0]
@@ -92,7 +93,7 @@ def read_log(
 _PHASE_ORDER = {"requested": 0, "started": 1}
 
 
-def rebuild_from_events(events: list[tuple[Event, Optional[Dedup]]], target: EventStore, batch: int = 500) -> tuple[int, float]:
+def rebuild_from_events(events: list[tuple[Event, Optional[Dedup]]], target: EventStore, batch: int = 2000) -> tuple[int, float]:
     """Append (event, dedup) pairs to `target` in the given order; returns (new events, seconds)."""
     started = time.perf_counter()
     stored = sum(target.append_batch(events[i : i + batch]) for i in range(0, len(events), batch))

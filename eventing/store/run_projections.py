@@ -72,7 +72,7 @@ def _step_progress(rows: Rows, event: Event) -> None:
     started = _moment(details.get("started"))
     # A run's open step (no optim_step yet) is always its latest: a step opens only when
     # none is open. So the latest row is the one to add to (or tells the next number).
-    latest = rows.latest("run_steps", "step", model_id=model_id)
+    latest = rows.latest("run_steps", "step", "model_id", model_id)
     row = latest if latest is not None and latest["completed_at"] is None else None
     if row is None:  # the step's first request to complete opens it
         step, loss, tokens, calls = (latest["step"] if latest is not None else 0) + 1, None, 0, 0

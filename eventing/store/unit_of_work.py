@@ -89,7 +89,10 @@ class Rows:
         self._rows: dict[str, dict[Key, Optional[Row]]] = {name: {} for name in TABLES}  # None: known absent
         self._stored: dict[str, set[Key]] = {name: set() for name in TABLES}  # keys the database holds
         self._changed: dict[str, dict[Key, set[str]]] = {name: {} for name in TABLES}
-        self._latest: dict[tuple, bool] = {}  # (table, column, equal items) already read from the database
+        # `latest` answers, kept current as rows become known or change: table -> (order
+        # column, group column) -> group value -> key of the top row (None: no row). A run's
+        # step asks for its latest step on every training completion.
+        self._tops: dict[str, dict[tuple[str, str], dict[Any, Optional[Key]]]] = {name: {} for name in TABLES}
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -123,34 +126,45 @@ class Rows:
             self._remember(table, row)
         return [row for row in self._rows[table].values() if row is not None and _matches(row, equal)]
 
-    def latest(self, table: str, column: str, **equal) -> Optional[Row]:
-        """The row matching `equal` with the greatest `column` (e.g. a run's last step)."""
-        marker = (table, column, tuple(sorted(equal.items())))
-        if marker not in self._latest:
-            self.prefetch_latest(table, column, *equal.items())
-        matching = [row for row in self._rows[table].values() if row is not None and _matches(row, equal)]
-        return max(matching, key=lambda row: row[column], default=None)
+    def latest(self, table: str, column: str, group: str, value: Any) -> Optional[Row]:
+        """The row whose `group` column equals `value` with the greatest `column` (a run's
+        last step). Rows of such a group are never deleted (run_steps are not)."""
+        tops = self._tops[table].setdefault((column, group), {})
+        if value not in tops:
+            self.prefetch_latest(table, column, group, [value])
+        key = tops.get(value)
+        return self._rows[table][key] if key is not None else None
 
-    def prefetch_latest(self, table: str, column: str, group: tuple[str, Any], *more: tuple[str, Any]) -> None:
-        """`latest` for many values of one column at once: `group` is (column, value) and
-        `more` further (column, value) pairs of the same column, one query for all of them."""
-        name, _ = group
-        values = [v for c, v in (group, *more) if c == name]
-        pending = [v for v in values if (table, column, ((name, v),)) not in self._latest]
+    def prefetch_latest(self, table: str, column: str, group: str, values: Iterable[Any]) -> None:
+        """`latest` for many groups at once: one query for the top row of each."""
+        tops = self._tops[table].setdefault((column, group), {})
+        pending = sorted({v for v in values if v not in tops})
         if not pending:
             return
         source = TABLES[table]
         top = (
-            select(source.c[name], func.max(source.c[column]).label("top"))
-            .where(source.c[name].in_(pending))
-            .group_by(source.c[name])
+            select(source.c[group], func.max(source.c[column]).label("top"))
+            .where(source.c[group].in_(pending))
+            .group_by(source.c[group])
             .subquery()
         )
-        query = select(source).join(top, (source.c[name] == top.c[name]) & (source.c[column] == top.c.top))
+        query = select(source).join(top, (source.c[group] == top.c[group]) & (source.c[column] == top.c.top))
+        for value in pending:  # rows this transaction already knows count too
+            tops[value] = max(
+                (key for key, row in self._rows[table].items() if row is not None and row[group] == value),
+                key=lambda key: self._rows[table][key][column], default=None,
+            )  # fmt: skip
         for row in self.conn.execute(query):
             self._remember(table, row)
-        for value in pending:
-            self._latest[(table, column, ((name, value),))] = True
+
+    def _track(self, table: str, key: Key, row: Row) -> None:
+        """Keep the `latest` answers right as `row` becomes known or changes."""
+        for (column, group), tops in self._tops[table].items():
+            value = row[group]
+            if value in tops:
+                current = tops[value]
+                if current is None or self._rows[table][current][column] <= row[column]:
+                    tops[value] = key
 
     def _remember(self, table: str, record) -> None:
         row = dict(record._mapping)
@@ -158,8 +172,9 @@ class Rows:
             row[column] = utc(row[column])
         key = key_of(table, row)
         self._stored[table].add(key)
-        if key not in self._rows[table]:  # what this transaction changed wins over a re-read
+        if self._rows[table].get(key) is None and key not in self._changed[table]:  # what this transaction changed wins over a re-read
             self._rows[table][key] = row
+            self._track(table, key, row)
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -175,6 +190,7 @@ class Rows:
             self.prefetch(table, [key])  # whether the database holds it decides insert or update
         self._rows[table][key] = row
         self._changed[table][key] = set(_COLUMNS[table])
+        self._track(table, key, row)
         return row
 
     def update(self, table: str, key: Key, **values) -> Optional[Row]:
@@ -189,6 +205,8 @@ class Rows:
             if row[column] != value or type(row[column]) is not type(value):  # 1 == 1.0 == True, yet not the same value
                 row[column] = value
                 changed.add(column)
+        if changed:
+            self._track(table, key, row)
         return row
 
     def delete(self, table: str, key: Key) -> None:
