@@ -2,8 +2,10 @@
 
 Uses only the public `tinker` SDK against any Tinker-compatible server (TINKER_BASE_URL,
 TINKER_API_KEY); `make recipe-sql` starts `openrl serve` and runs it. Nothing is downloaded:
-the recipe builds a small SQLite database (one `employees` table, seeded rows) and question/SQL
-pairs from templates, split so that no held-out query is trained on. Each prompt shows one
+the recipe builds a small SQLite database (tables `employees`, `departments` and `projects`,
+seeded rows, joined on department names) and question/SQL pairs from templates, single-table
+ones and joins with aggregates over the joined rows, split so that no held-out query is
+trained on. Each prompt shows one
 solved training question of the same template (never the question's own query). The reward executes
 the model's query: 1 when its result set equals the reference query's, plus 0.1 for a query
 that runs and ends in ';'. Each step samples a group of completions per question, takes GRPO-style
@@ -31,11 +33,22 @@ BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEPARTMENTS = ["Sales", "Marketing", "Finance", "Legal", "Support", "Research", "Design", "Operations"]
 CITIES = ["Paris", "Berlin", "Tokyo", "Lima", "Oslo", "Cairo", "Austin", "Seoul"]
 FIRST_NAMES = ["Ana", "Ben", "Chen", "Dara", "Eli", "Fay", "Gus", "Hana", "Ivan", "Jo", "Kai", "Lea", "Max", "Nia", "Omar", "Pia"]
-SCHEMA = "CREATE TABLE employees (name TEXT, department TEXT, city TEXT, salary INTEGER, age INTEGER);"
-TABLE = "Table employees: name, department, city, salary, age"  # the prompt's schema, in 12 tokens
+PROJECTS = ["Apollo", "Boreal", "Cobalt", "Delta", "Ember", "Falcon", "Granite", "Harbor",
+            "Iris", "Juniper", "Kestrel", "Lumen", "Meridian", "Nimbus", "Orchid", "Pulsar"]
+# employees.department and projects.department name a row of departments: the join key.
+SCHEMA = [
+    "CREATE TABLE departments (name TEXT PRIMARY KEY, floor INTEGER, budget INTEGER);",
+    "CREATE TABLE employees (name TEXT, department TEXT REFERENCES departments(name), city TEXT, salary INTEGER, age INTEGER);",
+    "CREATE TABLE projects (title TEXT PRIMARY KEY, department TEXT REFERENCES departments(name), hours INTEGER);",
+]
+# The prompt's schema, in about 30 tokens; budgets are in thousands so numbers stay short.
+TABLES = "Tables: employees(name, department, city, salary, age); departments(name, floor, budget); projects(title, department, hours)"
 
 # (question templates, SQL template, slot kinds). Two phrasings per query so the policy must
-# read the question, not match one surface form.
+# read the question, not match one surface form. The join templates go through
+# employees.department = departments.name or employees.department = projects.department.
+JOIN_ED = "FROM employees e JOIN departments d ON e.department = d.name"
+JOIN_EP = "FROM employees e JOIN projects p ON e.department = p.department"
 TEMPLATES = [
     (["How many employees work in {dept}?", "Count the employees in the {dept} department."],
      "SELECT COUNT(*) FROM employees WHERE department = '{dept}';", ("dept",)),
@@ -59,23 +72,55 @@ TEMPLATES = [
      "SELECT COUNT(*) FROM employees WHERE salary > {salary};", ("salary",)),
     (["Which employees work in {dept} and live in {city}?", "List the {dept} employees based in {city}."],
      "SELECT name FROM employees WHERE department = '{dept}' AND city = '{city}';", ("dept", "city")),
+    (["How many projects does the {dept} department run?", "Count the projects of the {dept} department."],
+     "SELECT COUNT(*) FROM projects WHERE department = '{dept}';", ("dept",)),
+    # Joins, most with an aggregate over the joined rows.
+    (["How many employees work on floor {floor}?", "Count the employees whose department is on floor {floor}."],
+     f"SELECT COUNT(*) {JOIN_ED} WHERE d.floor = {{floor}};", ("floor",)),
+    (["List the names of employees who work on floor {floor}.", "Who works on floor {floor}?"],
+     f"SELECT e.name {JOIN_ED} WHERE d.floor = {{floor}};", ("floor",)),
+    (["What is the average salary on floor {floor}?", "Give the mean salary of the employees on floor {floor}."],
+     f"SELECT AVG(e.salary) {JOIN_ED} WHERE d.floor = {{floor}};", ("floor",)),
+    (["How many employees in {city} work in a department with a budget over {budget}?",
+      "Count the employees based in {city} whose department's budget is above {budget}."],
+     f"SELECT COUNT(*) {JOIN_ED} WHERE e.city = '{{city}}' AND d.budget > {{budget}};", ("city", "budget")),
+    (["How many employees work in the department that runs {project}?",
+      "Count the employees of the department behind project {project}."],
+     f"SELECT COUNT(*) {JOIN_EP} WHERE p.title = '{{project}}';", ("project",)),
+    (["What is the highest salary in the department that runs {project}?",
+      "What is the top salary in the department behind project {project}?"],
+     f"SELECT MAX(e.salary) {JOIN_EP} WHERE p.title = '{{project}}';", ("project",)),
+    (["Which projects are run by departments on floor {floor}?", "List the projects of the departments on floor {floor}."],
+     "SELECT p.title FROM projects p JOIN departments d ON p.department = d.name WHERE d.floor = {floor};", ("floor",)),
 ]
 SLOT_VALUES = {
     "dept": DEPARTMENTS,
     "city": CITIES,
     "age": list(range(25, 61, 5)),
     "salary": list(range(40000, 120001, 10000)),
+    "floor": [1, 2, 3, 4],
+    "budget": [200, 400, 600, 800],
+    "project": PROJECTS,
 }
+
+
 def build_database(seed: int, rows: int = 64) -> sqlite3.Connection:
+    """Departments (floor 1-4, budget in thousands), `rows` employees and the projects, seeded."""
     rng = random.Random(seed)
     conn = sqlite3.connect(":memory:", check_same_thread=False)
-    conn.execute(SCHEMA)
+    for statement in SCHEMA:
+        conn.execute(statement)
     for i in range(rows):
         name = f"{FIRST_NAMES[i % len(FIRST_NAMES)]} {chr(65 + i // len(FIRST_NAMES))}."
         conn.execute(
             "INSERT INTO employees VALUES (?, ?, ?, ?, ?)",
             (name, rng.choice(DEPARTMENTS), rng.choice(CITIES), rng.randrange(35000, 125001, 500), rng.randint(22, 64)),
         )
+    # Employees are drawn first, so their rows are those of the one-table version for a seed.
+    for dept in DEPARTMENTS:
+        conn.execute("INSERT INTO departments VALUES (?, ?, ?)", (dept, rng.randint(1, 4), rng.randrange(100, 1000, 50)))
+    for title in PROJECTS:
+        conn.execute("INSERT INTO projects VALUES (?, ?, ?)", (title, rng.choice(DEPARTMENTS), rng.randrange(100, 2001, 50)))
     return conn
 
 
@@ -138,7 +183,7 @@ def prompt_text(item: dict, train: list[dict]) -> str:
     # and memory grow with every token of every sample. The answer starts "SQL: SELECT"
     # already written, so every sample is a query from its first token.
     shot = worked_example(item, train)
-    return (f"<|im_start|>user\n{TABLE}\nQ: {shot['question']}\nSQL: {shot['sql']}\nQ: {item['question']}<|im_end|>\n"
+    return (f"<|im_start|>user\n{TABLES}\nQ: {shot['question']}\nSQL: {shot['sql']}\nQ: {item['question']}<|im_end|>\n"
             "<|im_start|>assistant\nSQL: SELECT")
 
 
@@ -159,18 +204,37 @@ def sampling_params(args, temperature: float) -> types.SamplingParams:
     return types.SamplingParams(max_tokens=args.max_tokens, temperature=temperature, stop=[";", "\n", "<|im_end|>"])
 
 
-def evaluate(sampler, tokenizer, conn, items: list[dict], train: list[dict], args) -> float:
-    """Greedy execution accuracy; every request in flight at once so the server batches them."""
+def is_join(item: dict) -> bool:
+    return " JOIN " in item["sql"]
+
+
+def accuracies(items: list[dict], correct: list[bool]) -> dict:
+    """Execution accuracy over all items, and over the join and the single-table ones apart."""
+    def share(keep) -> float | None:
+        picked = [c for item, c in zip(items, correct) if keep(item)]
+        return sum(picked) / len(picked) if picked else None
+
+    return {"all": share(lambda _: True), "join": share(is_join), "single_table": share(lambda i: not is_join(i))}
+
+
+def evaluate(sampler, tokenizer, conn, items: list[dict], train: list[dict], args) -> dict:
+    """Greedy execution accuracy (see `accuracies`); every request in flight at once so the server batches them."""
     futures = [
         sampler.sample(prompt=types.ModelInput.from_ints(tokenizer.encode(prompt_text(item, train), add_special_tokens=False)),
                        num_samples=1, sampling_params=sampling_params(args, 0.0))
         for item in items
     ]
-    correct = 0
+    correct = []
     for item, future in zip(items, futures):
         text = tokenizer.decode(future.result().sequences[0].tokens, skip_special_tokens=True)
-        correct += reward(conn, item, text)[1]
-    return correct / len(items)
+        correct.append(reward(conn, item, text)[1])
+    return accuracies(items, correct)
+
+
+def shown(accuracy: dict) -> str:
+    parts = [f"{accuracy['all']:.1%}"] + [f"{name} {accuracy[key]:.1%}" for key, name in (("join", "joins"), ("single_table", "single-table"))
+                                          if accuracy[key] is not None]
+    return f"{parts[0]} ({', '.join(parts[1:])})"
 
 
 def group_datums(prompt: list[int], sequences, rewards: list[float]) -> list[types.Datum]:
@@ -200,7 +264,7 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--temperature", type=float, default=0.8)
-    parser.add_argument("--max-tokens", type=int, default=28)
+    parser.add_argument("--max-tokens", type=int, default=40, help="a join query takes up to about 37 tokens")
     parser.add_argument("--train-chunk", type=int, default=16, help="sequences per forward_backward call")
     parser.add_argument("--test-fraction", type=float, default=0.3)
     parser.add_argument("--eval-size", type=int, default=40, help="held-out questions to evaluate (0: all)")
@@ -221,7 +285,7 @@ def main() -> None:
     tokenizer = training.get_tokenizer()
     sampler = training.save_weights_and_get_sampling_client().result()
     before = evaluate(sampler, tokenizer, conn, test, train, args)
-    print(f"held-out execution accuracy before training: {before:.1%}", flush=True)
+    print(f"held-out execution accuracy before training: {shown(before)}", flush=True)
 
     log = CurveLog(args.out, args.steps, f"Text-to-SQL GRPO, {args.base_model.split('/')[-1]} LoRA r={args.rank}", args.label)
     adam = types.AdamParams(learning_rate=args.learning_rate)
@@ -263,9 +327,11 @@ def main() -> None:
 
     after = evaluate(sampler, tokenizer, conn, test, train, args)
     wall = time.monotonic() - started
-    print(f"held-out execution accuracy before: {before:.1%}  after: {after:.1%}")
+    print(f"held-out execution accuracy before: {shown(before)}  after: {shown(after)}")
     log.plot(["reward", "accuracy"], smooth=3, ylabel="training reward / accuracy")
-    summary = {"before": before, "after": after, "wall_s": round(wall, 1), "steps": args.steps, "learning_rate": args.learning_rate,
+    summary = {"before": before["all"], "after": after["all"], "before_join": before["join"], "after_join": after["join"],
+               "before_single_table": before["single_table"], "after_single_table": after["single_table"],
+               "test_joins": sum(map(is_join, test)), "wall_s": round(wall, 1), "steps": args.steps, "learning_rate": args.learning_rate,
                "rank": args.rank, "group_size": args.group_size, "batch_size": args.batch_size, "test_questions": len(test)}
     with open(args.out + ".summary.json", "w") as handle:
         json.dump(summary, handle)

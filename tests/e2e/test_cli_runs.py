@@ -2,7 +2,8 @@
 real tinker SDK did: step counts, per-step metrics (loss exactly as forward_backward returned
 it), tenant isolation, the operator's view, checkpoint archives, and cancelling a run
 (its queued future fails as cancelled, the SDK's next call gets a 410, the event is stored,
-the trainer drops the run, and replaying the events rebuilds the same projections)."""
+the trainer drops the run, its saved checkpoint stays and downloads the same bytes, and
+replaying the events rebuilds the same projections)."""
 
 from __future__ import annotations
 
@@ -166,10 +167,14 @@ def test_checkpoints_download_writes_the_archive_and_delete_removes(server, runs
     assert sessions["schema"] == "openrl.sessions.v1" and [s["training_runs"] for s in sessions["sessions"]] == [1]
 
 
-def test_cancel_fails_queued_work_refuses_later_calls_and_replays(server, runs, capsys):
+def test_cancel_fails_queued_work_refuses_later_calls_keeps_checkpoints_and_replays(server, runs, capsys, tmp_path):
     alice, run = runs["alice"], runs["run"]
     training = alice.create_lora_training_client(base_model=MODEL, rank=4, seed=0).result()
     training.forward_backward(runs["batch"], "cross_entropy").result()
+    training.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+    saved = training.save_state("before-cancel").result().path
+    code, _ = as_json(server, capsys, ALICE, "checkpoints", "download", saved, "-o", str(tmp_path / "before.tar"))
+    assert code == 0
     sampler = training.save_weights_and_get_sampling_client().result()
     # A request queued behind a seq gap that will never fill: its future stays pending.
     queued = httpx.post(
@@ -200,6 +205,13 @@ def test_cancel_fails_queued_work_refuses_later_calls_and_replays(server, runs, 
     assert [r["run_id"] for r in cancelled["runs"]] == [training.model_id]
     _, by_operator = as_json(server, capsys, OPERATOR, "runs", "cancel", runs["bob_run"])
     assert by_operator["status"] == "cancelled"
+    # Its saved checkpoint stays: listed, and the same archive as before the cancel.
+    _, listing = as_json(server, capsys, ALICE, "checkpoints", "list", "--run", training.model_id)
+    assert saved in [c["tinker_path"] for c in listing["checkpoints"]]
+    code, _ = as_json(server, capsys, ALICE, "checkpoints", "download", saved, "-o", str(tmp_path / "after.tar"))
+    assert code == 0 and (tmp_path / "after.tar").read_bytes() == (tmp_path / "before.tar").read_bytes()
+    with tarfile.open(tmp_path / "after.tar") as archive:
+        assert "adapter_model.safetensors" in archive.getnames()
 
     engine = create_engine(f"sqlite:///{server.data_dir / 'events.db'}")
     with engine.connect() as conn:

@@ -1,8 +1,10 @@
 """The dashboard in a real browser: headless Debian Chromium, driven by Selenium, against a
 live `openrl serve` where the real tinker SDK has trained a run. Another tenant's key shows
-no runs; the run's key shows the run; its page draws one loss point per step with exactly
-the losses the SDK got, a sampling point, and the timeslicer's turns; a step taken while the
-page is open arrives on the live stream; Cancel cancels the run (the page and the API agree).
+no runs; the run's key shows the run and its session; its page draws one loss point per step
+with exactly the losses the SDK got, sampling throughput per step and per request as the API
+reports it, and the timeslicer's turns; a step taken while the page is open arrives on the
+live stream; Fork at step 3 shows the fork's run id and `tinker://` path, and the API has
+that fork; Cancel cancels the run (the page and the API agree) and its checkpoint stays.
 Screenshots are kept under the test's tmp dir and copied to out/screenshots/ (git-ignored).
 
 Chromium comes from scripts/ensure-chromium (apt); the test skips, saying why, only where
@@ -14,6 +16,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tarfile
+from urllib.parse import unquote
 
 import httpx
 import pytest
@@ -91,13 +94,17 @@ def test_the_dashboard_shows_a_live_run_and_cancels_it(server, browser, tmp_path
     training = sdk.create_lora_training_client(base_model=MODEL, rank=4, seed=0).result()
     batch = batch_of(training.get_tokenizer())
     losses = []
-    for lr in LEARNING_RATES:
+    for step, lr in enumerate(LEARNING_RATES, start=1):
         losses.append(training.forward_backward(batch, "cross_entropy").result().metrics["loss:sum"])
+        if step == 3:  # a sample between steps 2 and 3 (step 3's window), and one after step 3 (no step's yet)
+            kept = training.save_weights_for_sampler("dash").result().path
+            sampler = sdk.create_sampling_client(model_path=kept).result()
+            sampler.sample(batch[0].model_input, 1, types.SamplingParams(max_tokens=4, seed=1)).result()
         training.optim_step(types.AdamParams(learning_rate=lr)).result()
-    kept = training.save_weights_for_sampler("dash").result().path
-    sampler = sdk.create_sampling_client(model_path=kept).result()
-    sampler.sample(batch[0].model_input, 1, types.SamplingParams(max_tokens=4, seed=1)).result()
+    sampler.sample(batch[0].model_input, 1, types.SamplingParams(max_tokens=4, seed=2)).result()
     run = training.model_id
+    api = lambda path: httpx.get(f"{server.url}/api/openrl/v1{path}", headers={"X-API-Key": ALICE}).json()  # noqa: E731
+    session_id = api(f"/runs/{run}")["run"]["session_id"]
     bob_run = tinker.ServiceClient(base_url=server.url, api_key=BOB).create_lora_training_client(base_model=MODEL, rank=4).result().model_id
 
     wait = WebDriverWait(browser, WAIT, ignored_exceptions=[StaleElementReferenceException])  # tables re-render
@@ -122,6 +129,12 @@ def test_the_dashboard_shows_a_live_run_and_cancels_it(server, browser, tmp_path
     use_key(ALICE)
     wait.until(lambda _: listed() == [(run, "alice", "active")])
     assert browser.execute_script("return localStorage.getItem('openrl.apiKey')") == ALICE
+    # The sessions table: the run's session (one training run, one sampling session), not Bob's.
+    def sessions() -> list[tuple[str, list[str]]]:
+        rows = find(By.ID, "sessions-table").find_elements(By.CSS_SELECTOR, "tbody tr")
+        return [(r.get_attribute("data-session-id"), [td.text for td in r.find_elements(By.TAG_NAME, "td")[:5]]) for r in rows]
+
+    wait.until(lambda _: sessions() == [(session_id, [session_id, "alice", "open", "1", "1"])])
 
     def open_run(driver) -> bool:  # the table re-renders every few seconds: find, check, click at once
         row = driver.find_element(By.CSS_SELECTOR, f'tr[data-run-id="{run}"]')
@@ -139,7 +152,18 @@ def test_the_dashboard_shows_a_live_run_and_cancels_it(server, browser, tmp_path
     assert drawn_lrs == list(LEARNING_RATES)
     for chart in ("grad_norm", "tokens", "step_seconds", "queue_wait_seconds"):
         assert find(By.CSS_SELECTOR, f'svg[data-chart="{chart}"]').get_attribute("data-points") == "3", chart
-    assert find(By.CSS_SELECTOR, 'svg[data-chart="sampling"]').get_attribute("data-points") == "1"
+    # Sampling throughput per step: only step 3's window held a sample (the API's number drawn);
+    # per request: both samples.
+    sampling = api(f"/runs/{run}/sampling")
+    assert [(s["step"], s["requests"]) for s in sampling["steps"]] == [(1, 0), (2, 0), (3, 1)]
+    assert len(sampling["samples"]) == 2
+
+    def drawn(name: str) -> list[tuple[int, float]]:
+        points = find(By.CSS_SELECTOR, f'svg[data-chart="{name}"]').find_elements(By.CSS_SELECTOR, "circle.pt")
+        return [(int(p.get_attribute("data-x")), float(p.get_attribute("data-y"))) for p in points]
+
+    wait.until(lambda _: drawn("sampling") == [(3, sampling["steps"][2]["tokens_per_second"])])
+    wait.until(lambda _: drawn("sampling_requests") == [(i + 1, s["tokens_per_second"]) for i, s in enumerate(sampling["samples"])])
     [checkpoint] = find(By.ID, "checkpoints-table").find_elements(By.CSS_SELECTOR, "tbody tr")
     assert checkpoint.find_element(By.TAG_NAME, "td").text == kept
     checkpoint.find_element(By.CSS_SELECTOR, "button.download").click()
@@ -162,11 +186,18 @@ def test_the_dashboard_shows_a_live_run_and_cancels_it(server, browser, tmp_path
     wait.until(lambda d: any(int(li.get_attribute("data-position")) > max(seen_before) for li in d.find_elements(By.CSS_SELECTOR, fresh)))
     screenshot(browser, tmp_path, "dashboard-run.png")
 
-    # Fork: the button reaches POST .../fork, and the page says what came of it.
-    offered = httpx.post(f"{server.url}/api/openrl/v1/runs/{run}/fork", headers={"X-API-Key": BOB}, json={"step": 3})
-    expected = "Forking is not available on this server (HTTP 404)." if offered.json().get("detail") == "Not Found" else "Forked at step 3"
+    # Fork at step 3 (the field starts at the run's last step): the page names the fork and
+    # its state's path, and the server has that fork, made from this run at step 3.
+    assert find(By.ID, "fork-step").get_attribute("value") == "3"
     find(By.ID, "run-fork").click()
-    wait.until(lambda d: d.find_element(By.ID, "action-message").text.startswith(expected))
+    fork_link = WebDriverWait(browser, 90).until(seen.presence_of_element_located((By.ID, "fork-run")))
+    fork = fork_link.text
+    assert fork and fork != run and unquote(fork_link.get_attribute("href")).endswith(f"#/runs/{fork}")
+    assert find(By.ID, "fork-path").text == f"tinker://{fork}/weights/forked-at-step-3"
+    assert find(By.ID, "action-message").text.startswith(f"Forked at step 3: {fork} (ready)")
+    forked = api(f"/runs/{fork}")
+    assert forked["run"]["forked_from"] == {"run": run, "step": 3} and forked["run"]["status"] == "active"
+    assert f"tinker://{fork}/weights/forked-at-step-3" in [c["tinker_path"] for c in api(f"/checkpoints?run_id={fork}")["checkpoints"]]
 
     cancel = find(By.ID, "run-cancel")
     cancel.click()
@@ -176,14 +207,19 @@ def test_the_dashboard_shows_a_live_run_and_cancels_it(server, browser, tmp_path
     assert find(By.ID, "action-message").text.startswith("Cancelled:")
     assert not cancel.is_enabled()
     wait.until(seen.presence_of_element_located((By.CSS_SELECTOR, '#events li[data-name="training.run.cancelled"]')))
-    shown = httpx.get(f"{server.url}/api/openrl/v1/runs/{run}", headers={"X-API-Key": ALICE}).json()
+    shown = api(f"/runs/{run}")
     assert shown["run"]["status"] == "cancelled" and shown["run"]["cancelled_at"]
+    # Its saved checkpoint stays: listed by the API and the page, and it downloads the same bytes.
+    assert [c["tinker_path"] for c in shown["checkpoints"]] == [kept]
+    wait.until(lambda _: [r.find_element(By.TAG_NAME, "td").text for r in find(By.ID, "checkpoints-table").find_elements(By.CSS_SELECTOR, "tbody tr")] == [kept])
+    after = httpx.get(f"{server.url}/api/openrl/v1/checkpoints/archive", params={"path": kept}, headers={"X-API-Key": ALICE})
+    assert after.status_code == 200 and after.content == served.content
     screenshot(browser, tmp_path, "dashboard-cancelled.png")
 
     # The operator's key sees the run (and its tenant) too.
     browser.get(server.url + "/dashboard#/")
     use_key(OPERATOR)
-    wait.until(lambda _: {(run, "alice", "cancelled"), (bob_run, "bob", "active")} <= set(listed()))  # (and a fork, if made)
-    # No script error on the way (the fork probe's 404 is the one failed load the page expects).
-    errors = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE" and "/fork " not in e["message"]]
+    wait.until(lambda _: set(listed()) == {(run, "alice", "cancelled"), (fork, "alice", "active"), (bob_run, "bob", "active")})
+    # No script error and no failed load on the way.
+    errors = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors

@@ -157,6 +157,33 @@ def test_a_lora_sampler_checkpoint_is_a_model_of_its_tenant_only(sdk_env, tokeni
     assert theirs.value.code == "model_not_found"
 
 
+def test_chat_completion_on_a_sampler_checkpoint_path_samples_through_its_adapter(sdk_env, tokenizer):
+    """`model` = tinker://<run>/sampler_weights/<name>: the chat template's prompt, sampled
+    greedily through the adapter, is exactly the tinker SDK's sample on that path; streamed
+    alike; not the base model's; and another tenant's key cannot use it."""
+    path = train_one_step(tinker.ServiceClient(api_key=API_KEY))
+    assert path.startswith("tinker://") and "/sampler_weights/" in path
+    oai = client(sdk_env)
+    prompt_tokens = tokenizer.encode(tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False), add_special_tokens=False)
+    answer = oai.chat.completions.create(model=path, messages=MESSAGES, max_tokens=8, temperature=0, logprobs=True)
+    reference_tokens, reference_logprobs = sdk_greedy(prompt_tokens, 8, model_path=path)
+    stopped = reference_tokens[-1] == tokenizer.eos_token_id and len(reference_tokens) < 8
+    kept = reference_tokens[:-1] if stopped else reference_tokens
+    choice = answer.choices[0]
+    assert answer.model == path
+    assert choice.message.content == decode(tokenizer, kept) and choice.finish_reason == ("stop" if stopped else "length")
+    assert [e.logprob for e in choice.logprobs.content] == pytest.approx(reference_logprobs[: len(kept)], abs=1e-4)
+    assert answer.usage.prompt_tokens == len(prompt_tokens) and answer.usage.completion_tokens == len(reference_tokens)
+    base_tokens, base_logprobs = sdk_greedy(prompt_tokens, 8)
+    assert (reference_tokens, reference_logprobs) != (base_tokens, base_logprobs)  # the adapter is applied
+
+    chunks = list(oai.chat.completions.create(model=path, messages=MESSAGES, max_tokens=8, temperature=0, stream=True))
+    assert {c.model for c in chunks} == {path}
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == choice.message.content
+    with pytest.raises(openai.NotFoundError):
+        client(sdk_env, OTHER_KEY).chat.completions.create(model=path, messages=MESSAGES, max_tokens=2)
+
+
 def test_bad_key_unknown_model_and_bad_arguments_raise_the_clients_exceptions(sdk_env):
     with pytest.raises(openai.AuthenticationError):
         client(sdk_env, "tml-not-a-key").completions.create(model=MODEL, prompt="hi", max_tokens=2)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,11 @@ from tests.examples.conftest import API_KEY, TINY
 pytestmark = pytest.mark.e2e
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def progress(stdout: str, what: str = "step") -> list[tuple[int, int]]:
+    """(done, total) of each progress line that carries an elapsed time and an ETA."""
+    return [(int(m[1]), int(m[2])) for m in re.finditer(rf"^(?:\[[^\]]*\] )?{what} (\d+)/(\d+) .*elapsed \d+s  eta \d+s$", stdout, re.M)]
 
 
 def curve(stem: Path) -> list[dict]:
@@ -37,40 +43,60 @@ def test_text_to_sql_rl_short_run(run_example, tmp_path):
     rows = curve(out)
     assert [r["step"] for r in rows] == [1, 2]
     assert all(0.0 <= r["reward"] <= 1.1 and "eta" not in r for r in rows)
-    assert "step 2/2" in done.stdout and "eta" in done.stdout  # the progress line
+    assert progress(done.stdout) == [(1, 2), (2, 2)]  # a progress line per step, with its ETA
     summary = json.loads((tmp_path / "sql.summary.json").read_text())
     assert summary["test_questions"] == 3 and 0.0 <= summary["after"] <= 1.0
 
 
 def test_rlvr_arithmetic_short_run(run_example, tmp_path):
     out = tmp_path / "rlvr"
-    run_example("rlvr_arithmetic.py", "--base-model", TINY, "--steps", "2", "--problems", "2", "--rollouts", "2",
-                "--max-tokens", "3", "--eval-problems", "2", "--out", str(out))
+    done = run_example("rlvr_arithmetic.py", "--base-model", TINY, "--steps", "2", "--problems", "2", "--rollouts", "2",
+                       "--max-tokens", "3", "--eval-problems", "2", "--out", str(out))
+    assert progress(done.stdout) == [(1, 2), (2, 2)]
     rows = curve(out)
     assert [r["step"] for r in rows] == [1, 2] and all(0.0 <= r["reward"] <= 1.0 for r in rows)
 
 
 def test_pig_latin_short_run_trains(run_example, tmp_path):
     out = tmp_path / "pig"
-    run_example("pig_latin_sft.py", "--base-model", TINY, "--train-words", "8", "--test-words", "2", "--batch-size", "4",
-                "--out", str(out))
+    done = run_example("pig_latin_sft.py", "--base-model", TINY, "--train-words", "8", "--test-words", "2", "--batch-size", "4",
+                       "--out", str(out))
+    assert progress(done.stdout) == [(1, 2), (2, 2)]
     rows = curve(out)
     assert [r["step"] for r in rows] == [1, 2]
     assert all(math.isfinite(r["loss"]) and r["loss"] > 0 for r in rows)
     assert rows[0]["learning_rate"] > rows[1]["learning_rate"] > 0  # the linear decay
 
 
-def test_autoresearch_sweep_writes_a_report(run_example, tmp_path):
+def test_autoresearch_sweep_varies_rank_runs_in_turns_and_writes_a_report(run_example, tmp_path):
     out = tmp_path / "sweep"
-    done = run_example("autoresearch_sql.py", "--base-model", TINY, "--learning-rates", "1e-4,1e-3", "--ranks", "4",
-                       "--group-sizes", "2", "--steps", "1", "--batch-size", "1", "--eval-size", "1", "--max-tokens", "2",
-                       "--out", str(out))
-    assert "run 2/2" in done.stdout
+    done = run_example("autoresearch_sql.py", "--base-model", TINY, "--learning-rates", "1e-4,1e-3", "--ranks", "2,4",
+                       "--group-sizes", "2", "--parallel", "2", "--steps", "1", "--batch-size", "1", "--eval-size", "1",
+                       "--max-tokens", "2", "--out", str(out))
+    names = [f"lr{lr}_r{rank}_g2" for lr in ("0.0001", "0.001") for rank in (2, 4)]
+    assert sorted(n for n, _ in progress(done.stdout, "run")) == [1, 2, 3, 4]  # a line per finished run, with its ETA
+    assert {total for _, total in progress(done.stdout, "run")} == {4}
     report = (out / "report.md").read_text()
-    assert "| lr0.0001_r4_g2" in report and "| lr0.001_r4_g2" in report and "**best**" in report
+    table = [line.split(" | ") for line in report.splitlines() if line.startswith("| lr")]
+    assert sorted((row[0].removeprefix("| ").removesuffix(" **best**"), row[2]) for row in table) == sorted(
+        (name, name.split("_r")[1].split("_")[0]) for name in names)  # the rank column
+    assert "| LoRA rank |" in report and report.count("**best**") == 1
     assert (out / "report.png").read_bytes()[:8] == PNG_MAGIC
-    for name in ("lr0.0001_r4_g2", "lr0.001_r4_g2"):
+    summary = json.loads((out / "report.json").read_text())
+    assert sorted(r["name"] for r in summary["runs"]) == sorted(names) and all(r["ok"] for r in summary["runs"])
+    assert {(r["lr"], r["rank"]) for r in summary["runs"]} == {(lr, rank) for lr in (1e-4, 1e-3) for rank in (2, 4)}
+    # --parallel 2: at no moment were more than two runs in flight (and two did overlap).
+    moments = sorted({r["started_s"] for r in summary["runs"]})
+    in_flight = [sum(r["started_s"] <= t < r["ended_s"] for r in summary["runs"]) for t in moments]
+    assert max(in_flight) == 2
+    for name in names:
         assert len(curve(out / name)) == 1
+
+
+def test_autoresearch_labels_each_curve_with_its_grid_point():
+    import autoresearch_sql
+
+    assert autoresearch_sql.legend_label({"lr": 1e-3, "rank": 32, "group": 8, "after": 0.95}) == "lr 0.001, rank 32, group 8 (95%)"
 
 
 def test_grpo_datums_train_with_importance_sampling(recipe_server):

@@ -88,7 +88,7 @@ async function loadHome() {
   $("runs-empty").hidden = runs.runs.length > 0;
   $("sessions-table").tBodies[0].replaceChildren(
     ...sessions.sessions.map((s) =>
-      el("tr", {}, el("td", { class: "mono" }, s.session_id), el("td", {}, s.tenant), el("td", {}, s.status),
+      el("tr", { "data-session-id": s.session_id }, el("td", { class: "mono" }, s.session_id), el("td", {}, s.tenant), el("td", {}, s.status),
         el("td", {}, s.training_runs), el("td", {}, s.sampling_sessions), el("td", {}, when(s.created_at)), el("td", {}, when(s.last_heartbeat_at))))
   );
 }
@@ -129,7 +129,8 @@ async function loadRun(runId) {
   const charts = $("charts");
   charts.replaceChildren(
     ...CHARTS.map(([id, field, title]) => chart(id, title, steps.map((s) => ({ x: s.step, y: s[field] })), "step")),
-    chart("sampling", "sampling tokens/s (per request)", sampling.samples.map((s, i) => ({ x: i + 1, y: s.tokens_per_second })), "request")
+    chart("sampling", "sampling tokens/s per step", (sampling.steps || []).map((s) => ({ x: s.step, y: s.tokens_per_second })), "step"),
+    chart("sampling_requests", "sampling tokens/s per request", sampling.samples.map((s, i) => ({ x: i + 1, y: s.tokens_per_second })), "request")
   );
   $("checkpoints-table").tBodies[0].replaceChildren(
     ...shown.checkpoints.map((c) =>
@@ -273,7 +274,7 @@ async function follow(runId, signal) {
 
 // ---- actions -----------------------------------------------------------------------------
 
-function actionSay(text) { $("action-message").textContent = text; }
+function actionSay(...parts) { $("action-message").replaceChildren(...parts); }
 
 let confirmUntil = 0;
 async function cancelRun() {
@@ -301,11 +302,11 @@ async function forkRun() {
   try {
     const answer = await api(`/runs/${encodeURIComponent(state.runId)}/fork`, { method: "POST", body: { step } });
     const failed = answer.error ? `, failed: ${answer.error}` : "";
-    actionSay(`Forked at step ${step}: ${answer.run_id} (${answer.status}${failed}); its state: ${answer.tinker_path}`);
+    actionSay(`Forked at step ${step}: `, el("a", { id: "fork-run", class: "mono", href: `#/runs/${encodeURIComponent(answer.run_id)}` }, answer.run_id),
+      ` (${answer.status}${failed}); its state: `, el("span", { id: "fork-path", class: "mono" }, answer.tinker_path));
     loadHome().catch(report);
   } catch (error) {
-    const missing = (error.status === 404 && error.message === "Not Found") || error.status === 405 || error.status === 501;
-    actionSay(missing ? `Forking is not available on this server (HTTP ${error.status}).` : `Fork refused (HTTP ${error.status}): ${error.message}`);
+    actionSay(`Fork refused (HTTP ${error.status}): ${error.message}`);
   }
 }
 

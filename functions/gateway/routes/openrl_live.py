@@ -16,9 +16,14 @@ thread pool, never on the event loop. A stream ends after `STREAM_SECONDS` (the 
 reconnects where it left off), so one never holds a server that is shutting down longer
 than a long-poll does; a comment line keeps idle proxies from closing it before that.
 
-`GET /runs/{id}/sampling` is the run's sampling throughput: per completed sample request of
-its sampling sessions (the latest `MAX_SAMPLES`), the tokens it generated and the seconds
-from the gateway taking it to its completion, as the client saw them (queueing included).
+`GET /runs/{id}/sampling` is the run's sampling throughput. `steps`: per completed optim_step
+N, the sample requests of its sampling sessions that completed between step N-1 and step N,
+their generated tokens, their busy seconds (the union of their spans, so concurrent requests
+count once) and tokens per second (`openrl_core.sampling_rate`), over the latest
+`MAX_STEP_SAMPLES` requests: a step whose window may hold older ones is left out rather than
+undercounted. `samples`: per completed sample request (the latest `MAX_SAMPLES`), the tokens
+it generated and the seconds from the gateway taking it to its completion, as the client saw
+them (queueing included).
 """
 
 from __future__ import annotations
@@ -32,9 +37,11 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from eventing.store.projections import utc
 from functions.gateway.context import GatewayContext
 from functions.gateway.deps import Caller, get_caller, get_ctx
 from functions.gateway.routes.openrl_runs import PREFIX, iso, require_visible_run, seconds, views
+from openrl_core import sampling_rate
 from openrl_core.errors import InvalidRequest
 
 router = APIRouter(prefix=PREFIX)
@@ -44,6 +51,8 @@ KEEPALIVE_SECONDS = 10.0
 BATCH = 200
 MAX_HISTORY = 1000
 MAX_SAMPLES = 500
+# Results are read whole (token arrays included) to count what each generated: bounded.
+MAX_STEP_SAMPLES = 2000
 TEXT_LIMIT = 80
 
 
@@ -161,19 +170,45 @@ async def run_events(
     return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
 
 
-def sample_json(row) -> dict[str, Any]:
+def _generated(row) -> tuple[int, int]:
+    """(sequences, generated tokens) of a finished sample request's stored result."""
     sequences = (row.result or {}).get("sequences") or []
-    tokens = sum(len(s.get("tokens") or ()) for s in sequences if isinstance(s, dict))
+    return len(sequences), sum(len(s.get("tokens") or ()) for s in sequences if isinstance(s, dict))
+
+
+def sample_json(row) -> dict[str, Any]:
+    sequences, tokens = _generated(row)
     took = seconds(row.created_at, row.completed_at)
     return {
         "request_id": row.request_id,
         "sampling_session_id": row.model_id,
         "completed_at": iso(row.completed_at),
-        "sequences": len(sequences),
+        "sequences": sequences,
         "tokens": tokens,
         "seconds": took,
         "tokens_per_second": round(tokens / took, 3) if took else None,
     }
+
+
+def step_sampling(steps, rows, complete: bool) -> list[dict[str, Any]]:
+    """Per-step throughput over these sample rows; `complete` False: older rows were left out."""
+    ends = [(int(s.step), utc(s.completed_at).timestamp()) for s in steps]
+    spans = [
+        sampling_rate.SampleSpan(utc(r.created_at).timestamp(), utc(r.completed_at).timestamp(), _generated(r)[1])
+        for r in rows
+        if r.completed_at is not None
+    ]
+    oldest = min((span.completed for span in spans), default=None)
+    out = []
+    previous_ends = [None, *[end for _, end in ends]]
+    for previous, entry in zip(previous_ends, sampling_rate.per_step(ends, spans)):
+        # The left-out rows completed at or before the oldest loaded one: a window reaching
+        # back that far may be missing some of them.
+        if not complete and (previous is None or previous < oldest):
+            continue
+        out.append({"step": entry.step, "requests": entry.requests, "tokens": entry.tokens, "seconds": entry.seconds,
+                    "tokens_per_second": entry.tokens_per_second})
+    return out
 
 
 @router.get("/runs/{run_id}/sampling")
@@ -181,5 +216,7 @@ def run_sampling(run_id: str, ctx: GatewayContext = Depends(get_ctx), caller: Ca
     row = require_visible_run(ctx, caller, run_id)
     store = views(ctx)
     samplers = [s.sampling_session_id for s in store.sampling_sessions_of_run(row.tenant, run_id)]
-    samples = [sample_json(r) for r in store.finished_samples(row.tenant, samplers, MAX_SAMPLES)] if samplers else []
-    return {"schema": "openrl.sampling.v1", "run_id": run_id, "sampling_sessions": samplers, "samples": samples}
+    rows = store.finished_samples(row.tenant, samplers, MAX_STEP_SAMPLES) if samplers else []
+    steps = step_sampling(store.steps(run_id), rows, complete=len(rows) < MAX_STEP_SAMPLES)
+    samples = [sample_json(r) for r in rows[-MAX_SAMPLES:]]
+    return {"schema": "openrl.sampling.v1", "run_id": run_id, "sampling_sessions": samplers, "steps": steps, "samples": samples}

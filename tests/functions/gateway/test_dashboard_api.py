@@ -1,7 +1,7 @@
 """The routes the dashboard adds under /api/openrl/v1, and the page itself, on a gateway with
 no workers (completions appended as the projector would): a run's event stream (history,
 resume by Last-Event-ID, events stored while it is open, nothing of another run or tenant,
-no payload arrays), its sampling throughput, the timeslicer timeline through a real daemon
+no payload arrays), its sampling throughput (per request and per step), the timeslicer timeline through a real daemon
 on its socket (a tenant sees other tenants' turns only as `other`), and the static files.
 The browser test against a live server is tests/e2e/test_dashboard_browser.py."""
 
@@ -25,6 +25,7 @@ from functions.timeslicer.service import SlicerService
 from functions.timeslicer.setup import socket_path
 from openrl_core.events import new_event
 from openrl_core.events.lifecycle import RequestCompleted
+from openrl_core.events import training as te
 from openrl_core.events.sampling import SAMPLE
 from tests.functions.gateway.rest_rig import BOB, assert_clear_4xx, rest  # noqa: F401  (fixture)
 
@@ -159,6 +160,55 @@ def test_sampling_throughput_is_tokens_over_the_requests_seconds(rest):
     [sample] = answer["samples"]
     assert sample["request_id"] == request_id and sample["sequences"] == 2 and sample["tokens"] == 6
     assert sample["seconds"] == pytest.approx(2.0) and sample["tokens_per_second"] == pytest.approx(3.0)
+
+
+def test_sampling_throughput_per_step_is_each_windows_tokens_over_its_busy_seconds(rest, monkeypatch):
+    """Step N holds the samples completed after step N-1 ended and by step N's end; a window's
+    seconds are the union of its requests' spans (two concurrent requests count once)."""
+    session = rest.session()
+    run = rest.model(session)
+    weights = rest.save(run, "s1", kind="sampler_weights")
+    sampler = rest.ok("POST", "/api/v1/create_sampling_session", {"session_id": session, "sampling_session_seq_id": 0, "model_path": weights.tinker_path})["sampling_session_id"]
+    body = {"sampling_session_id": sampler, "num_samples": 1, "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}]}, "sampling_params": {"max_tokens": 8}}
+    requests = [rest.ok("POST", "/api/v1/asample", body)["request_id"] for _ in range(5)]
+    with rest.runtime.engine.connect() as conn:
+        rows = conn.execute(select(tables.futures.c.request_id, tables.futures.c.created_at).where(tables.futures.c.request_id.in_(requests))).all()
+    taken = {row.request_id: row.created_at for row in rows}
+    base = min(taken.values())
+
+    def complete_sample(request_id: str, after: float, tokens: int) -> None:
+        result = {"sequences": [{"tokens": list(range(tokens)), "logprobs": [0.0] * tokens, "stop_reason": "length"}]}
+        done = new_event(SAMPLE["completed"], RequestCompleted(request_id=request_id, result=result), tenant="alice", source="/test", key=sampler)
+        rest.runtime.store.append(done.model_copy(update={"time": base + timedelta(seconds=after)}))
+
+    def complete_step(after: float) -> None:
+        future = rest.ok("POST", "/api/v1/optim_step", {"model_id": run, "seq_id": rest.next_seq(run), "adam_params": {"learning_rate": 1e-3}})
+        done = RequestCompleted(request_id=future["request_id"], result={"metrics": {"optim/lr": 1e-3, "optim/grad_norm": 1.0}})
+        event = new_event(te.OPTIM_STEP["completed"], done, tenant="alice", source="/test-trainer", key=run)
+        rest.runtime.store.append(event.model_copy(update={"time": base + timedelta(seconds=after)}))
+
+    a, b, c, d, e = requests
+    complete_sample(a, 3, 6)  # step 1: a and b, both taken at about `base`, overlapping
+    complete_sample(b, 1, 2)
+    complete_step(5)
+    complete_sample(c, 9, 10)  # step 2: c and d (taken before step 1 ended: their whole spans count)
+    complete_sample(d, 7, 4)
+    complete_step(12)
+    complete_step(20)  # step 3: no sampling
+    complete_sample(e, 25, 3)  # after the last step: in no step yet
+
+    def spans(*ids_and_ends) -> float:  # the union of overlapping spans: last end minus first start
+        return max(end for _, end in ids_and_ends) - min((taken[i] - base).total_seconds() for i, _ in ids_and_ends)
+
+    answer = rest.ok("GET", f"{API}/runs/{run}/sampling")
+    busy1, busy2 = spans((a, 3), (b, 1)), spans((c, 9), (d, 7))
+    assert [(s["step"], s["requests"], s["tokens"]) for s in answer["steps"]] == [(1, 2, 8), (2, 2, 14), (3, 0, 0)]
+    assert [s["seconds"] for s in answer["steps"]] == [pytest.approx(busy1), pytest.approx(busy2), 0.0]
+    assert [s["tokens_per_second"] for s in answer["steps"]] == [pytest.approx(8 / busy1, abs=1e-3), pytest.approx(14 / busy2, abs=1e-3), None]
+    assert [s["request_id"] for s in answer["samples"]] == [b, a, d, c, e]  # per request, by completion
+    # Only the latest 3 requests read: steps whose window may hold older ones are left out.
+    monkeypatch.setattr(openrl_live, "MAX_STEP_SAMPLES", 3)
+    assert [s["step"] for s in rest.ok("GET", f"{API}/runs/{run}/sampling")["steps"]] == [3]
 
 
 def test_the_timeline_shows_a_tenant_its_own_turns_and_others_only_as_other(rest):
