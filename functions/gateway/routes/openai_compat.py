@@ -82,7 +82,7 @@ class ClientGone(OpenRLError):
 SESSION_NAMESPACE = uuid.UUID("5b0c5f8e-8d1e-4d59-9a57-0f3c1d6e2a41")  # fixed: a tenant's session id must not change
 
 
-def openai_tenant(request: Request) -> str:
+async def openai_tenant(request: Request) -> str:  # async: no I/O, so no worker-thread hop (see deps)
     api_key = bearer_or_api_key(request)
     if not api_key:
         raise Unauthorized("missing API key: send it as 'Authorization: Bearer KEY'")
