@@ -40,8 +40,11 @@ TopicPartition = tuple[str, int]
 class Consumer(Protocol):
     def poll(self, max_records: int = 100, timeout: float = 1.0) -> list[Record]: ...
 
-    def commit(self, offsets: Optional[dict[TopicPartition, int]] = None) -> None:
-        """Commit the given next-offsets, or else everything polled so far."""
+    def commit(self, offsets: Optional[dict[TopicPartition, int]] = None, *, wait: bool = True) -> None:
+        """Commit the given next-offsets, or else everything polled so far. `wait=False`
+        returns at once and the offsets become durable with the log's next write (Kafka: an
+        asynchronous commit): for a consumer whose effects are idempotent, so a crash before
+        then only redelivers what it already did; it then polls on without waiting a commit."""
 
     def close(self) -> None: ...
 

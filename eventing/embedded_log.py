@@ -186,6 +186,7 @@ class EmbeddedLog:
             return dict(self._topics)
 
     def close(self) -> None:
+        self._group.flush()  # offsets committed without waiting
         with self._group.writing(), self._lock:  # not in the middle of a group commit
             self._closed = True
             self._appended.notify_all()
@@ -249,13 +250,18 @@ class EmbeddedConsumer:
                 self._log._appended.wait(min(remaining, _MAX_IDLE_WAIT))
         return []
 
-    def commit(self, offsets: Optional[dict[TopicPartition, int]] = None) -> None:
-        """Store the group's offsets; returns once they are durable (group-committed)."""
+    def commit(self, offsets: Optional[dict[TopicPartition, int]] = None, *, wait: bool = True) -> None:
+        """Store the group's offsets; returns once they are durable (group-committed), or at
+        once with `wait=False`, leaving them to the log's next write (or its close)."""
         with self._log._lock:
             if self._closed:
                 return
             chosen = dict(self._positions) if offsets is None else offsets
-        self._log._group.submit(_Write(offsets=[(self.group, t, p, o) for (t, p), o in chosen.items()]))
+        write = _Write(offsets=[(self.group, t, p, o) for (t, p), o in chosen.items()])
+        if wait:
+            self._log._group.submit(write)
+        else:
+            self._log._group.enqueue(write)
 
     def committed(self) -> dict[TopicPartition, int]:
         with self._log._lock:

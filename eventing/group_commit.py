@@ -65,6 +65,23 @@ class GroupCommit(Generic[Item, Result]):
                 raise slot.outcome
         return [slot.outcome for slot in slots]
 
+    def enqueue(self, item: Item) -> None:
+        """Queue `item` without waiting: the next batch anyone writes takes it along (its
+        outcome is not reported; use it for writes a later one supersedes)."""
+        with self._queue_lock:
+            self._queue.append(_Slot(item))
+
+    def flush(self) -> None:
+        """Write whatever is queued now (what `enqueue` left) and wait for it."""
+        with self._queue_lock:
+            pending = list(self._queue)
+        while not all(slot.done for slot in pending):
+            with self._write_lock:
+                with self._queue_lock:
+                    batch, self._queue = self._queue, []
+                if batch:
+                    self._write(batch)
+
     def writing(self) -> threading.Lock:
         """The write lock: held, no batch is being written (e.g. while closing what
         `write_batch` writes to)."""

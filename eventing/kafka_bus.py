@@ -234,17 +234,19 @@ class KafkaBusConsumer:
                 records.append(Record(tp.topic, tp.partition, r.offset, message, _seconds(r.timestamp)))
         return records
 
-    def commit(self, offsets: Optional[dict[TP, int]] = None) -> None:
-        """Commit the given next-offsets, or else everything polled so far.
+    def commit(self, offsets: Optional[dict[TP, int]] = None, *, wait: bool = True) -> None:
+        """Commit the given next-offsets, or else everything polled so far (`wait=False`:
+        kafka-python's asynchronous commit, which a later one supersedes).
 
         A commit made while the group rebalances fails (kafka.errors.CommitFailedError);
         the records are then delivered again, to this member or another one."""
         if self._closed:
             return
-        if offsets is None:
-            self._consumer.commit()  # the positions after the last record poll returned
-            return
-        self._consumer.commit({TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()})
+        chosen = None if offsets is None else {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()}
+        if wait:
+            self._consumer.commit(chosen)  # None: the positions after the last record poll returned
+        else:
+            self._consumer.commit_async(chosen)
 
     def committed(self) -> dict[TP, int]:
         """The group's committed next-offsets for the partitions this member holds."""

@@ -46,10 +46,12 @@ class Projector:
         woken = [request_id for event in events if (request_id := getattr(event.data, "request_id", None))]
         self._unstored = []
         if records:
-            # The store has committed: wake the long-polls first, then record the offsets
-            # (an fsync the waiting clients need not sit through).
+            # The store has committed: wake the long-polls first, then record the offsets,
+            # without waiting for them to be durable: appending an event again is a no-op, so
+            # a crash before they are only redelivers what is stored, and the next poll need
+            # not sit through an fsync.
             self.notifier.notify(woken)
-            self.consumer.commit()
+            self.consumer.commit(wait=False)
         return len(records)
 
     def run(self, stop: threading.Event) -> None:

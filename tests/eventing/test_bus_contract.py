@@ -148,6 +148,27 @@ def test_committed_offsets_survive_a_restart_and_the_rest_is_redelivered(backend
     bus.close()
 
 
+def test_a_commit_that_does_not_wait_is_durable_once_the_consumer_goes_on(backend, uid):
+    """commit(wait=False) returns at once; once the member has polled on (Kafka completes an
+    asynchronous commit in its next polls, the embedded log with its next write or close),
+    a restart resumes after it."""
+    bus = backend.open()
+    topic = f"t.lazy.{uid}"
+    bus.publish_many([(topic, msg("k", n)) for n in range(10)])
+    consumer = bus.consumer(f"lazy.{uid}", topics=[topic])
+    first = drain(consumer, 10)
+    assert numbers(first) == list(range(10))
+    consumer.commit({(first[0].topic, first[0].partition): 6}, wait=False)
+    drain(consumer, 1, timeout=1.0)  # polls on: nothing new arrives
+    consumer.close()
+    bus.close()
+
+    bus = backend.open()
+    again = drain(bus.consumer(f"lazy.{uid}", topics=[topic]), 4)
+    assert numbers(again) == list(range(6, 10))
+    bus.close()
+
+
 def test_uncommitted_records_are_redelivered_to_the_next_member(backend, uid):
     bus = backend.open()
     topic = f"t.redeliver.{uid}"

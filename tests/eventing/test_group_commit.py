@@ -57,3 +57,17 @@ def test_max_batch_caps_a_write_and_the_rest_follow():
     group = GroupCommit(lambda items: (batches.append(len(items)), list(items))[1], max_batch=3)
     assert group.submit_many(list(range(7))) == list(range(7))
     assert batches == [3, 3, 1]
+
+
+def test_an_enqueued_item_goes_with_the_next_batch_or_a_flush():
+    batches: list[list[str]] = []
+    group = GroupCommit(lambda items: (batches.append(list(items)), [None] * len(items))[1])
+    group.enqueue("offsets-1")
+    assert batches == []  # nobody waited, nothing written yet
+    group.submit("record")
+    assert batches == [["offsets-1", "record"]]
+    group.enqueue("offsets-2")
+    group.flush()
+    assert batches[-1] == ["offsets-2"]
+    group.flush()  # nothing queued: nothing written
+    assert len(batches) == 2
