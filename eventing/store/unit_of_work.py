@@ -20,7 +20,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any, Iterable, Optional
 
-from sqlalchemy import DateTime, bindparam, delete, func, insert, select, tuple_, update
+from sqlalchemy import DateTime, bindparam, delete, insert, select, tuple_, union_all, update
 from sqlalchemy.engine import Connection
 
 from eventing.store import tables as t
@@ -142,13 +142,11 @@ class Rows:
         if not pending:
             return
         source = TABLES[table]
-        top = (
-            select(source.c[group], func.max(source.c[column]).label("top"))
-            .where(source.c[group].in_(pending))
-            .group_by(source.c[group])
-            .subquery()
-        )
-        query = select(source).join(top, (source.c[group] == top.c[group]) & (source.c[column] == top.c.top))
+        # One "top row of this group" per group, glued with UNION ALL: each part walks the
+        # primary key backwards to its first row. (A GROUP BY max() over the groups read
+        # every row of each group: a long run's steps, on every training completion.)
+        parts = [select(source).where(source.c[group] == value).order_by(source.c[column].desc()).limit(1).subquery() for value in pending]
+        query = union_all(*(select(part) for part in parts)) if len(parts) > 1 else select(parts[0])
         for value in pending:  # rows this transaction already knows count too
             tops[value] = max(
                 (key for key, row in self._rows[table].items() if row is not None and row[group] == value),
