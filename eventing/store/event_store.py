@@ -24,7 +24,7 @@ from eventing.codec import Codec
 from eventing.dedup import Dedup  # noqa: F401  (re-exported: the store's callers name it from here)
 from eventing.store import projections
 from eventing.store import tables as t
-from eventing.store.unit_of_work import Rows, utc
+from eventing.store.unit_of_work import Rows, execute_many, utc
 from openrl_core.errors import Conflict
 from openrl_core.events import Event
 from openrl_core.events.lifecycle import BlobRef
@@ -136,10 +136,8 @@ class EventStore:
             event_rows.append(self._event_row(event, dedup, outcome.fenced))
             if outbox_topic is not None and not outcome.fenced:
                 outbox_rows.append({"event_id": event.id, "topic": outbox_topic})
-        if event_rows:
-            conn.execute(_EVENT_INSERT, event_rows)
-        if outbox_rows:
-            conn.execute(_OUTBOX_INSERT, outbox_rows)
+        execute_many(conn, _EVENT_INSERT, event_rows)
+        execute_many(conn, _OUTBOX_INSERT, outbox_rows)
         rows.flush()
         return outcomes
 
@@ -148,9 +146,9 @@ class EventStore:
         rows.prefetch("submissions", [(event.tenant, dedup.key) for event, _t, dedup in items if dedup is not None])
         rows.prefetch("lease_fences", [(event.tenant, event.key) for event, _t, _d in items if _leased(event)])
         for table, field in _PREFETCH:
-            rows.prefetch(table, [(value,) for event, _t, _d in items if (value := getattr(event.data, field, None))])
+            rows.prefetch(table, [(value,) for event, _t, _d in items if (value := _field(event.data, field))])
         # What completions reach through their future: its run, and the run's latest step.
-        futures = [(event, rows.get("futures", request_id)) for event, _t, _d in items if (request_id := getattr(event.data, "request_id", None))]
+        futures = [(event, rows.get("futures", request_id)) for event, _t, _d in items if (request_id := _field(event.data, "request_id"))]
         rows.prefetch("training_runs", [(future["model_id"],) for _event, future in futures if future and future["model_id"]])
         stepping = sorted({future["model_id"] for event, future in futures if future and future["model_id"] and event.type in _STEP_COMPLETIONS})
         if stepping:
@@ -285,6 +283,12 @@ class EventStore:
             lease=row.lease_id,
             data=self.codec.unpack(row.tenant, row.type, row.data, claim),
         )
+
+
+def _field(data, name: str):
+    """A payload's field, or None when its kind has none (what getattr with a default gives,
+    without pydantic's slow path for a missing attribute)."""
+    return vars(data).get(name)
 
 
 def _leased(event: Event) -> bool:
