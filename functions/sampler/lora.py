@@ -102,8 +102,10 @@ class LoraAdapters:
                     )
             weight = linear.weight
             dtype = torch.float32 if weight.dtype in (torch.float16, torch.bfloat16) else weight.dtype
-            down = down.to(device=weight.device, dtype=dtype)
-            layers[path] = LayerLora((down * scaling).contiguous(), up.to(device=weight.device, dtype=dtype).contiguous())
+            # Own storage: the file's tensors are views into its bytes, which they would keep
+            # alive, at whatever alignment the bytes had (MKL's results can depend on it).
+            down = down.to(device=weight.device, dtype=dtype, copy=True).mul_(scaling)
+            layers[path] = LayerLora(down, up.to(device=weight.device, dtype=dtype, copy=True))
         self._adapters[key] = layers
 
     @contextmanager

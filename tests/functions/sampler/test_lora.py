@@ -184,6 +184,19 @@ def test_the_base_model_stays_plain_shared_and_unwritten(case):
     assert shares_weights(model, load_frozen(files))
 
 
+def test_a_reloaded_adapter_samples_bitwise_as_before(tiny_case):
+    """An evicted adapter that comes back (its files fetched again: new bytes) gives a seeded
+    request the same bits, one row or several."""
+    _, _, _, adapters, engine, _ = tiny_case
+    jobs = [SampleJob(OTHER, n, SamplingParams(max_tokens=STEPS, temperature=1.0, seed=11), adapter="again") for n in (1, 3)]
+    results = []
+    for _ in range(3):
+        engine.load_adapter("again", {name: bytes(bytearray(raw)) for name, raw in adapters["wide"][1].items()})
+        results.append([[(s.tokens, s.logprobs) for s in engine.sample([job])[0].sequences] for job in jobs])
+        engine.drop_adapter("again")
+    assert results[0] == results[1] == results[2]
+
+
 def test_row_runs_merge_neighbours_and_leave_base_rows_out():
     assert row_runs([]) == []
     assert row_runs([None, None]) == []
