@@ -206,7 +206,8 @@ def main() -> None:
         for column, label_of in ((0, "wall"), (1, "CPU")):
             t = {name: medians(values)[column] for name, values in times.items()}
             print(f"  {label} ({label_of}): old (peft) {t['old']:.3f} s   new {t['new']:.3f} s   base {t['base']:.3f} s   "
-                  f"old/new {t['old'] / t['new']:.2f}x   old/base {t['old'] / t['base']:.2f}   new/base {t['new'] / t['base']:.2f}")  # fmt: skip
+                  f"old/new {t['old'] / t['new']:.2f}x   old/base {t['old'] / t['base']:.2f}   "
+                  f"new/base {t['new'] / t['base']:.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

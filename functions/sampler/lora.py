@@ -89,7 +89,9 @@ class LoraAdapters:
         unexpected = sorted(f"base_model.model.{path}.lora_{half}.weight" for path, half in halves if path not in targets)
         if missing or unexpected:
             # Keys that match no layer would otherwise load as a silent no-op.
-            raise InvalidRequest(f"adapter {key!r} does not fit {self.model_name}: missing {missing[:3]}, unexpected {unexpected[:3]}")
+            raise InvalidRequest(
+                f"adapter {key!r} does not fit {self.model_name}: missing {missing[:3]}, unexpected {unexpected[:3]}"
+            )
         layers = {}
         for path in sorted(targets):
             linear = self._linears[path]
