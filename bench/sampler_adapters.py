@@ -155,6 +155,8 @@ def main() -> None:
     parser.add_argument("--loaded", type=int, default=12)
     parser.add_argument("--rank", type=int, default=32)
     args = parser.parse_args()
+    if args.loaded < 4:
+        parser.error("--loaded must be at least 4: the four-job case samples adapters a0-a3")
     files = materialize(BUILTIN[MODELS[args.model]])
     prompt = load_tokenizer(files)(TEXT)["input_ids"][:24]
     if len(prompt) != 24:
