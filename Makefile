@@ -71,6 +71,7 @@ bench: install
 	$(PY) bench/delta_sync.py
 	$(PY) bench/packing.py
 	$(PY) bench/vllm_engine.py
+	$(PY) bench/sampler_adapters.py
 
 # The chaos soak: its short form (tests/e2e/test_chaos_soak.py, also in `make test`), then
 # the long form (tests/e2e/chaos_soak.py): four

@@ -15,16 +15,13 @@ one generation loop, in waves of at most `max_batch_rows` rows:
 Invariants: rows of one job draw uniforms only from that job's `torch.Generator`, in row
 order, one per live row per step, so another job in the batch never changes them;
 reported logprobs are always under the raw distribution (see `processing`); each row
-mixes in its own adapter through peft's per-row `adapter_names` ("__base__" = none).
+gets its own adapter's LoRA (`lora`: tensors beside the unmodified base), and a wave's pieces
+are ordered so that rows sharing an adapter are contiguous, one slice per adapter per layer.
 """
 
 from __future__ import annotations
 
-import json
-import tempfile
-import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Optional
 
 import torch
@@ -32,13 +29,13 @@ import torch
 from functions.compute.models import ModelFiles, load_causal_lm, load_tokenizer
 from functions.compute.shared_weights import load_frozen
 from functions.sampler import processing
+from functions.sampler.lora import LoraAdapters
 from functions.sampler.stops import StopRule, make_decoder
 from functions.sampler.types import SampledSequence, SampleJob, SampleResult, StopReason
 from openrl_core.errors import InvalidRequest
 
 MAX_NUM_SAMPLES = 1024
 MAX_TOPK_PROMPT_LOGPROBS = 256
-BASE_ADAPTER = "__base__"  # peft's name for "no adapter" in a mixed batch
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 # Prompt positions turned into log-softmax at once; bounds memory on long prompts.
 PROMPT_LOGPROB_CHUNK = 512
@@ -119,9 +116,7 @@ class SamplerEngine:
         self.max_batch_rows = max_batch_rows
         load = load_frozen if share_base else load_causal_lm
         self._model = load(files, dtype=dtype, device=device).eval()
-        self._peft = None  # a peft.PeftModel wrapping _model once an adapter is loaded
-        self._adapters: dict[str, str] = {}  # caller's key -> peft adapter name
-        self._adapter_serial = 0
+        self._lora = LoraAdapters(self._model, files.name)
         tokenizer = load_tokenizer(files)
         self._decode = make_decoder(tokenizer)
         eos = set(files.eos_token_ids)
@@ -131,8 +126,8 @@ class SamplerEngine:
 
     @property
     def model(self) -> torch.nn.Module:
-        """The base model (its weights, not the adapters' PEFT wrapper)."""
-        return self._model if self._peft is None else self._peft.get_base_model()
+        """The base model: a plain Hugging Face model (adapters live beside it, in `_lora`)."""
+        return self._model
 
     @property
     def weight_bytes(self) -> int:
@@ -145,71 +140,21 @@ class SamplerEngine:
     # ------------------------------------------------------------------ validation
 
     def validate(self, job: SampleJob) -> None:
-        validate_job(job, self.files, self.eos_token_ids, self._adapters)
+        validate_job(job, self.files, self.eos_token_ids, self._lora)
 
     # ------------------------------------------------------------------ adapters
 
     def has_adapter(self, key: str) -> bool:
-        return key in self._adapters
+        return key in self._lora
 
     def load_adapter(self, key: str, files: dict[str, bytes]) -> None:
         """Load a PEFT LoRA adapter from its saved files; loading a key again replaces it."""
-        from peft import PeftConfig, PeftType, get_peft_model
-
         require_adapter_files(key, files)
-        if key in self._adapters:
-            self.drop_adapter(key)
-        with tempfile.TemporaryDirectory(prefix="openrl-adapter-") as tmp:
-            for name in ADAPTER_FILES:
-                Path(tmp, name).write_bytes(files[name])
-            try:
-                config = PeftConfig.from_pretrained(tmp)
-            except (ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
-                raise InvalidRequest(f"adapter {key!r} has an unreadable adapter_config.json: {exc}") from exc
-            if config.peft_type != PeftType.LORA:
-                raise InvalidRequest(f"adapter {key!r} is {config.peft_type}, only LoRA is supported")
-            config.inference_mode = True
-            # Caller keys are checkpoint paths full of dots, which torch module names forbid.
-            self._adapter_serial += 1
-            name = f"adapter{self._adapter_serial}"
-            self._adapters[key] = name
-            try:
-                if self._peft is None:
-                    self._peft = get_peft_model(self._model, config, adapter_name=name)
-                else:
-                    self._peft.add_adapter(name, config)
-                result = self._peft.load_adapter(tmp, adapter_name=name)
-                # An adapter whose keys match nothing would otherwise load silently as a no-op.
-                if result.missing_keys or result.unexpected_keys:
-                    raise InvalidRequest(
-                        f"adapter {key!r} does not fit {self.files.name}: missing {result.missing_keys[:3]}, "
-                        f"unexpected {result.unexpected_keys[:3]}"
-                    )
-            except InvalidRequest:
-                self.drop_adapter(key)
-                raise
-            except (ValueError, RuntimeError, KeyError) as exc:
-                self.drop_adapter(key)
-                raise InvalidRequest(f"adapter {key!r} does not fit {self.files.name}: {exc}") from exc
-            self._peft.eval()
+        self._lora.load(key, files)
 
     def drop_adapter(self, key: str) -> None:
         """Unload an adapter; unknown keys are ignored so eviction can be retried."""
-        name = self._adapters.pop(key, None)
-        if name is None or self._peft is None:
-            return
-        if not self._adapters:
-            # Removing the LoRA layers altogether gives the base model back its plain speed.
-            self._model = self._peft.unload()
-            self._peft = None
-        elif name in self._peft.peft_config:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # "active adapter deleted": rows name adapters anyway
-                self._peft.delete_adapter(name)
-            # peft (0.21) can leave the deleted adapter as PeftModel.active_adapter, which its
-            # forward then looks up; rows pick adapters by name, so any remaining one will do.
-            if self._peft.active_adapter not in self._peft.peft_config:
-                self._peft.set_adapter(next(iter(self._adapters.values())))
+        self._lora.drop(key)
 
     # ------------------------------------------------------------------ sampling
 
@@ -233,13 +178,14 @@ class SamplerEngine:
             columns = [_logit_columns(job) for job in jobs]
             max_logit_rows = max(1, PREFILL_LOGITS_BUDGET // self.files.vocab_size)
             for wave in plan_waves([job.num_samples for job in jobs], self.max_batch_rows, columns, max_logit_rows):
-                self._run_wave(wave, jobs, generators, rules, sequences, prompt_lps, topk_lps)
+                self._run_wave(by_adapter(wave, jobs), jobs, generators, rules, sequences, prompt_lps, topk_lps)
         return [
             SampleResult(sequences=list(seqs), prompt_logprobs=plp, topk_prompt_logprobs=tlp)  # type: ignore[arg-type]
             for seqs, plp, tlp in zip(sequences, prompt_lps, topk_lps)
         ]
 
-    def _forward(self, input_ids, attention_mask, position_ids, cache, adapter_names: list[str], logits_to_keep: int):
+    def _forward(self, input_ids, attention_mask, position_ids, cache, adapters: list[Optional[str]], logits_to_keep: int):
+        """Logits of one pass; row i with the adapter `adapters[i]` (None: the base model)."""
         kwargs = dict(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -248,9 +194,8 @@ class SamplerEngine:
             use_cache=True,
             logits_to_keep=logits_to_keep,
         )
-        if self._peft is None:
+        with self._lora.applied(adapters):
             return self._model(**kwargs).logits
-        return self._peft(**kwargs, adapter_names=adapter_names).logits
 
     def _run_wave(self, pieces, jobs, generators, rules, sequences, prompt_lps, topk_lps) -> None:
         cache, mask_P_L, logits_P_V = self._prefill(pieces, jobs, prompt_lps, topk_lps)
@@ -271,7 +216,7 @@ class SamplerEngine:
             temperature_R = torch.tensor([p.temperature for p in params], device=device)
             top_k_R = torch.tensor([p.top_k for p in params], device=device)
             top_p_R = torch.tensor([p.top_p for p in params], device=device)
-            adapters = [self._adapters.get(jobs[pieces[r.piece].job].adapter, BASE_ADAPTER) for r in live]
+            adapters = [jobs[pieces[r.piece].job].adapter for r in live]
         del logits_P_V  # prompt-logprob columns can be large; the decode loop needs none
         while live:
             uniform_R = self._draw_uniforms(live, pieces, jobs, generators)
@@ -319,7 +264,7 @@ class SamplerEngine:
             mask_P_L[i, width - len(prompt) :] = 1
         # Padding takes no position: each prompt's first real token is at position 0.
         positions_P_L = (mask_P_L.cumsum(-1) - 1).clamp(min=0)
-        adapters = [self._adapters.get(jobs[p.job].adapter, BASE_ADAPTER) for p in pieces]
+        adapters = [jobs[p.job].adapter for p in pieces]
         # Logits at column c predict column c + 1. Every piece's wanted columns end at the
         # last one, so keeping the last `keep` columns covers them all.
         wants = [i for i, p in enumerate(pieces) if p.first == 0 and _wants_prompt_logprobs(jobs[p.job])]
@@ -368,6 +313,16 @@ class SamplerEngine:
                 for i, (ids, lps) in enumerate(zip(ids_T_k.tolist(), top_T_k.tolist())):
                     topk[chunk + i] = list(zip(ids, lps))
         return (values if job.prompt_logprobs else None), (topk if k > 0 else None)
+
+
+def by_adapter(pieces: list[Piece], jobs: list[SampleJob]) -> list[Piece]:
+    """A wave's pieces grouped by adapter (in order of first use), so each adapter's rows are
+    one contiguous run. The sort is stable and a job's pieces share its adapter, so they keep
+    their order; each draws from its own job's generator, so no job's draws change."""
+    first: dict[Optional[str], int] = {}
+    for piece in pieces:
+        first.setdefault(jobs[piece.job].adapter, len(first))
+    return sorted(pieces, key=lambda piece: first[jobs[piece.job].adapter])
 
 
 def validate_job(job: SampleJob, files: ModelFiles, eos_token_ids, adapters) -> None:

@@ -29,13 +29,15 @@ OTHER = [40, 1079, 264, 2805, 11, 1221, 4128, 911, 13]
 STEPS = 6
 
 
-def build_adapter(files, directory: Path, seed: int, targets: list[str]) -> dict[str, bytes]:
+def build_adapter(files, directory: Path, seed: int, targets: list[str], rank=4, scale=0.1, **config) -> dict[str, bytes]:
+    """`config`: more peft LoraConfig fields (lora_alpha is 8 unless given)."""
     torch.manual_seed(seed)
-    model = get_peft_model(load_causal_lm(files), LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+    config = {"lora_alpha": 8, **config}
+    model = get_peft_model(load_causal_lm(files), LoraConfig(r=rank, target_modules=targets, **config))
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if "lora_B" in name:
-                parameter.normal_(0.0, 0.1)
+                parameter.normal_(0.0, scale)
     model.save_pretrained(directory, save_embedding_layers=False)
     return {name: (directory / name).read_bytes() for name in ("adapter_model.safetensors", "adapter_config.json")}
 
