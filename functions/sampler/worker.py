@@ -143,7 +143,10 @@ class SamplerWorker:
             host_memory.release()  # idle: see the trainer's run_once for why not after every batch
             self._memory_to_release = False
         if records:
-            self.consumer.commit()
+            # Without waiting for the offsets to be durable: the completions are on the log,
+            # so a crash before they are only reruns a sample the store already answered
+            # (its first completion wins); the next batch need not sit through an fsync.
+            self.consumer.commit(wait=False)
         return len(records)
 
     def engine(self, base_model: str):
@@ -207,8 +210,8 @@ class SamplerWorker:
             for event, _job in jobs:
                 self._fail(event, exc)
             return
-        for (event, _job), result in zip(jobs, results):
-            self._complete(event, result, lease)
+        # A batch's completions go to the log in one append (one fsync for the whole batch).
+        self.publisher.publish_many([self._completion(event, result, lease) for (event, _job), result in zip(jobs, results)])
 
     def _run_full(self, base_model: str, run_key: str, manifest: dict, jobs, keep: set[str]) -> None:
         files = self.models.files(base_model)
@@ -292,7 +295,8 @@ class SamplerWorker:
                 engine.drop_adapter(key)
                 del loaded[key]
 
-    def _complete(self, event: Event, result: SampleResult, lease: Optional[int] = None) -> None:
+    def _completion(self, event: Event, result: SampleResult, lease: Optional[int] = None):
+        """The completion event of a sample and its topic, for `publish_many`."""
         payload = {
             "sequences": [
                 {"tokens": list(s.tokens), "logprobs": [float(x) for x in s.logprobs], "stop_reason": s.stop_reason}
@@ -303,7 +307,7 @@ class SamplerWorker:
             if result.topk_prompt_logprobs is not None
             else None,
         }
-        self._emit(event, SAMPLE["completed"], RequestCompleted(request_id=event.data.request_id, result=payload), lease)
+        return self._reply(event, SAMPLE["completed"], RequestCompleted(request_id=event.data.request_id, result=payload), lease)
 
     def _cancel(self, event: Event) -> None:
         """A cancel reached the log before this batch took its request: never run it.
@@ -322,10 +326,13 @@ class SamplerWorker:
         self._emit(event, SAMPLE["failed"], RequestFailed(request_id=event.data.request_id, error=error, category=category))
 
     def _emit(self, request: Event, type_: str, payload, lease: Optional[int] = None) -> None:
+        self.publisher.publish(*self._reply(request, type_, payload, lease))
+
+    def _reply(self, request: Event, type_: str, payload, lease: Optional[int] = None):
         reply = new_event(
             type_, payload, tenant=request.tenant, source=SOURCE, key=request.key, subject=payload.request_id, lease=lease
         )
-        self.publisher.publish(topics.topic(request.tenant, "completions"), reply)
+        return topics.topic(request.tenant, "completions"), reply, None
 
 
 def engine_options(settings) -> dict:
