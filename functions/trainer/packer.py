@@ -133,12 +133,14 @@ class Packer:
             for _model_id, ready in members:
                 worker._run_ready(ready)
             return
+        replies = []
         for event, result in zip(checked, results):
             if isinstance(result, Exception):
                 worker._fail(event, result)
             else:
                 outcome = with_started(worker.forward_backward_result(result, event.data), started)
                 payload = RequestCompleted(request_id=event.data.request_id, **outcome)
-                worker._emit(event, "completed", payload, lease)
+                replies.append(worker.reply(event, "completed", payload, lease))
+        worker.publisher.publish_many(replies)  # the pass's answers in one append
         log.debug("trainer: packed %d requests of %d models on %s", len(requests), len(models), base)
 

@@ -191,7 +191,10 @@ class TrainerWorker:
         if polled or settled:
             # Never past a record a gate still holds or a turn has not run yet, nor past what a
             # model's latest durable snapshot lacks: a replacement trainer must see those again.
-            self.consumer.commit(self.offsets.committable(self.recovery.anchors(self.slots)))
+            # Without waiting for them to be durable: what they cover is answered on the log
+            # already, and a replacement that finds them older only sees some records again,
+            # which the seq gates and the snapshot anchors make harmless.
+            self.consumer.commit(self.offsets.committable(self.recovery.anchors(self.slots)), wait=False)
 
     def _receive(self, record: Record) -> None:
         try:
@@ -349,11 +352,15 @@ class TrainerWorker:
         self._emit(event, "failed", RequestFailed(request_id=event.data.request_id, error=error, category=category))
 
     def _emit(self, request: Event, phase: str, payload, lease: Optional[int] = None) -> None:
+        self.publisher.publish(*self.reply(request, phase, payload, lease))
+
+    def reply(self, request: Event, phase: str, payload, lease: Optional[int] = None):
+        """(topic, event, dedup) of a request's answer, for `publish` or `publish_many`."""
         type_ = event_type(request.family, request.verb, phase)
         reply = new_event(
             type_, payload, tenant=request.tenant, source=SOURCE, key=request.key, subject=payload.request_id, lease=lease
         )
-        self.publisher.publish(topics.topic(request.tenant, "completions"), reply)
+        return topics.topic(request.tenant, "completions"), reply, None
 
     # -- engines and the timeslicer -------------------------------------------------------
 
