@@ -191,10 +191,11 @@ class TrainerWorker:
         if polled or settled:
             # Never past a record a gate still holds or a turn has not run yet, nor past what a
             # model's latest durable snapshot lacks: a replacement trainer must see those again.
-            # Without waiting for them to be durable: what they cover is answered on the log
-            # already, and a replacement that finds them older only sees some records again,
-            # which the seq gates and the snapshot anchors make harmless.
-            self.consumer.commit(self.offsets.committable(self.recovery.anchors(self.slots)), wait=False)
+            # Without waiting for them to be durable, unless a snapshot just settled: what they
+            # cover is answered on the log already, and a replacement that finds them older only
+            # sees some records again, which the seq gates absorb; past a new snapshot they are
+            # made durable at once, so a replacement starts from that snapshot's anchor.
+            self.consumer.commit(self.offsets.committable(self.recovery.anchors(self.slots)), wait=bool(settled))
 
     def _receive(self, record: Record) -> None:
         try:
