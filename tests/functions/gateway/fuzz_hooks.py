@@ -47,3 +47,11 @@ def refused_requests_store_nothing(ctx, response, case):
     if after != before:
         raise AssertionError(f"a request refused with {response.status_code} stored {after - before} event(s)")
     return True
+
+
+@schemathesis.hook
+def after_call(context, case, response) -> None:
+    path = os.environ.get("OPENRL_FUZZ_STATUSES")
+    if path:
+        with open(path, "a") as out:
+            out.write(f"{case.operation.label}\t{response.status_code}\n")

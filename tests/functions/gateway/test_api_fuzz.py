@@ -79,7 +79,7 @@ def test_schemathesis_finds_nothing(server, tmp_path):
         "--request-timeout", "60", "--suppress-health-check", "filter_too_much,too_slow", "--max-failures", "1000",
         "--report", "json", "--report-json-path", str(report), "--output-truncate", "true",
     ]  # fmt: skip
-    env = dict(os.environ, SCHEMATHESIS_HOOKS=HOOKS, OPENRL_FUZZ_DB=str(server.data_dir / "events.db"))
+    env = dict(os.environ, SCHEMATHESIS_HOOKS=HOOKS, OPENRL_FUZZ_DB=str(server.data_dir / "events.db"), OPENRL_FUZZ_STATUSES=os.environ.get("OPENRL_FUZZ_STATUSES", ""))
     run = subprocess.run(command, env=env, cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, timeout=1800)
     summary = json.loads(report.read_text()) if report.exists() else {}
     cases, operations = summary.get("test_cases") or {}, summary.get("operations") or {}
