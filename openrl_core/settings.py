@@ -143,6 +143,11 @@ class Settings(BaseSettings):
         description="audit: ids of this many last lines per tenant file are remembered, so a redelivered event "
         "(at most one uncommitted batch of 256) is never written twice",
     )
+    metrics_host: str = Field(
+        "127.0.0.1",
+        description="address `openrl metrics` serves Prometheus /metrics on, apart from the gateway's `host`: /metrics "
+        "needs no key and names every tenant, so keep it on a private address (or loopback, the default)",
+    )
     metrics_port: int = Field(9464, ge=0, le=65535, description="port the metrics function serves Prometheus /metrics on")
     metrics_checkpoint_seconds: float = Field(
         5.0, gt=0, description="metrics: how often its state is saved and its log offsets committed"
