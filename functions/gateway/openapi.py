@@ -12,7 +12,10 @@ route from `openapi_routes.ROUTES`:
   route also takes protobuf;
 - replaces the 422 with the statuses the route can answer, each with its error body: 400
   wherever there is input to get wrong, 401 wherever a key is needed, 413 everywhere (the
-  body limit, `max_request_bytes`, stands in front of every route), and the route's own;
+  body limit, `max_request_bytes`, stands in front of every route), 503 wherever the event
+  store is read or written (unreachable: `errors.py`), 507 wherever events are recorded (a
+  payload over `inline_payload_limit` goes to the blob store: `StorageFull` when its disk
+  is full), and the route's own;
 - constrains hand-checked parameters (page limits, `tinker://` paths) as the route does;
 - adds the non-JSON answers (protobuf results, tar archives, NDJSON, server-sent events);
 - names the key each route needs (`X-API-Key`; also `Authorization: Bearer` under `/v1/`).
@@ -71,7 +74,11 @@ REASONS = {
     429: "Over one of the tenant's quotas (the detail names it and its setting): nothing was stored; retry after the "
     "Retry-After header's seconds, with the same seq_id",
     500: "The sampler failed the sample for a server-side reason",
+    503: "The event store is unreachable (its database down or restarting): nothing was stored; retry after the "
+    "Retry-After header's seconds (a sequenced request with the same seq_id)",
+    507: "The data disk is full: an event's payload or a blob could not be stored (nothing was kept); retry once space is freed",
 }
+RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer", "minimum": 0}}}
 SECURITY_SCHEMES = {
     "ApiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key", "description": "a tenant's key (tml-...)"},
     "Bearer": {"type": "http", "scheme": "bearer", "description": "the same key, as OpenAI clients send it (/v1/ routes)"},
@@ -193,6 +200,10 @@ def _responses(operation: dict, doc: Doc, components: dict) -> None:
         statuses.add(400)
     if doc.authenticated:
         statuses.add(401)
+    if doc.store:
+        statuses.add(503)
+    if doc.records:
+        statuses.add(507)
     for status in sorted(statuses):
         responses[str(status)] = _error_response(status, doc, components)
 
@@ -202,4 +213,7 @@ def _error_response(status: int, doc: Doc, components: dict) -> dict:
         schema = _model_schema(TryAgainResponse, components)
     else:
         schema = OPENAI_ERROR if doc.openai else ERROR
-    return {"description": REASONS[status], "content": {"application/json": {"schema": schema}}}
+    response = {"description": REASONS[status], "content": {"application/json": {"schema": schema}}}
+    if status in (429, 503):
+        response["headers"] = RETRY_AFTER
+    return response

@@ -4,7 +4,8 @@ One `Doc` per (method, path template), for every route the app serves (a test fa
 route without one). A `Doc` says what FastAPI cannot see: the JSON body a route reads by
 hand (the Tinker wire model it validates against), the protobuf or binary bodies it also
 takes, what it answers besides JSON, the error statuses it can answer beyond the ones every
-route shares, and the rules its hand-written checks enforce on parameters (page limits, the
+route shares (and whether it reads the event store, hence a 503 while that is unreachable,
+and records events, hence a 507 when the blob store's disk is full), and the rules its hand-written checks enforce on parameters (page limits, the
 `tinker://` path grammar), written as JSON Schema so that a request valid by the
 description is one the route accepts. The fuzz test (tests/functions/gateway/test_api_fuzz.py)
 holds each claim to the live server: every answered status documented, every answer valid
@@ -188,6 +189,8 @@ class Doc:
     authenticated: bool = True
     never_ok: bool = False  # a route that only ever refuses (a feature not offered)
     openai: bool = False  # errors in OpenAI's shape, key as Bearer
+    store: bool = True  # reads or writes the event store: a 503 while it is unreachable
+    records: bool = False  # records events, whose payloads may go to the blob store: a 507 when its disk is full
 
 
 V1 = "/api/v1"
@@ -195,35 +198,35 @@ CKPT = V1 + "/training_runs/{run_id}/checkpoints/{rest}"
 CKPT_ID = f"{KIND}/{NAME}"
 RUN_PARAM = {"run_id": {"type": "string", "pattern": f"^{RUN_ID}$"}}
 STREAM = {"text/event-stream": {"schema": {"type": "string"}, "description": "with stream: true, OpenAI chunks ending data: [DONE]"}}
-NOT_OFFERED = Doc(errors=(404,), never_ok=True)
+NOT_OFFERED = Doc(errors=(404,), never_ok=True, store=False)
 
 ROUTES: dict[tuple[str, str], Doc] = {
-    ("GET", "/openapi.json"): Doc(authenticated=False),
-    ("GET", V1 + "/healthz"): Doc(authenticated=False),
-    ("POST", V1 + "/client/config"): Doc(),
-    ("POST", V1 + "/client/dynamic_config"): Doc(),
-    ("GET", V1 + "/get_server_capabilities"): Doc(),
-    ("POST", V1 + "/telemetry"): Doc(),
-    ("POST", V1 + "/create_session"): Doc(),
-    ("POST", V1 + "/session_heartbeat"): Doc(errors=(404, 410)),
-    ("POST", V1 + "/sessions/{session_id}/finish"): Doc(errors=(404,)),
-    ("POST", V1 + "/create_model"): Doc(errors=(404, 409, 429), body=training.CreateModelRequest, body_patch=_create_model),
+    ("GET", "/openapi.json"): Doc(authenticated=False, store=False),
+    ("GET", V1 + "/healthz"): Doc(authenticated=False, store=False),
+    ("POST", V1 + "/client/config"): Doc(store=False),
+    ("POST", V1 + "/client/dynamic_config"): Doc(store=False),
+    ("GET", V1 + "/get_server_capabilities"): Doc(store=False),
+    ("POST", V1 + "/telemetry"): Doc(records=True),
+    ("POST", V1 + "/create_session"): Doc(records=True),
+    ("POST", V1 + "/session_heartbeat"): Doc(errors=(404, 410), records=True),
+    ("POST", V1 + "/sessions/{session_id}/finish"): Doc(errors=(404,), records=True),
+    ("POST", V1 + "/create_model"): Doc(errors=(404, 409, 429), records=True, body=training.CreateModelRequest, body_patch=_create_model),
     ("POST", V1 + "/get_info"): Doc(errors=(404, 410)),
-    ("POST", V1 + "/load_weights"): Doc(errors=SEQUENCED, body=training.LoadWeightsRequest, body_patch=_load_weights),
-    ("POST", V1 + "/forward_backward"): Doc(errors=SEQUENCED, body=jsonbodies.ForwardBackwardRequest, body_patch=_sequenced, protobuf_body=True),
-    ("POST", V1 + "/forward"): Doc(errors=SEQUENCED, body=jsonbodies.ForwardRequest, body_patch=_sequenced),
-    ("POST", V1 + "/optim_step"): Doc(errors=SEQUENCED, body=training.OptimStepRequest),
-    ("POST", V1 + "/save_weights"): Doc(errors=SEQUENCED, body=training.SaveWeightsRequest, body_patch=_save_weights),
-    ("POST", V1 + "/save_weights_for_sampler"): Doc(errors=SEQUENCED, body=training.SaveWeightsForSamplerRequest, body_patch=_save_for_sampler),
-    ("POST", V1 + "/save_weights_external"): Doc(errors=SEQUENCED, body=rest_wire.SaveWeightsExternalRequest, body_patch=_save_external),
-    ("POST", V1 + "/create_sampling_session"): Doc(errors=(404, 409), body=sampling.CreateSamplingSessionRequest, body_patch=_sampling_session),
+    ("POST", V1 + "/load_weights"): Doc(errors=SEQUENCED, records=True, body=training.LoadWeightsRequest, body_patch=_load_weights),
+    ("POST", V1 + "/forward_backward"): Doc(errors=SEQUENCED, records=True, body=jsonbodies.ForwardBackwardRequest, body_patch=_sequenced, protobuf_body=True),
+    ("POST", V1 + "/forward"): Doc(errors=SEQUENCED, records=True, body=jsonbodies.ForwardRequest, body_patch=_sequenced),
+    ("POST", V1 + "/optim_step"): Doc(errors=SEQUENCED, records=True, body=training.OptimStepRequest),
+    ("POST", V1 + "/save_weights"): Doc(errors=SEQUENCED, records=True, body=training.SaveWeightsRequest, body_patch=_save_weights),
+    ("POST", V1 + "/save_weights_for_sampler"): Doc(errors=SEQUENCED, records=True, body=training.SaveWeightsForSamplerRequest, body_patch=_save_for_sampler),
+    ("POST", V1 + "/save_weights_external"): Doc(errors=SEQUENCED, records=True, body=rest_wire.SaveWeightsExternalRequest, body_patch=_save_external),
+    ("POST", V1 + "/create_sampling_session"): Doc(errors=(404, 409), records=True, body=sampling.CreateSamplingSessionRequest, body_patch=_sampling_session),
     ("GET", V1 + "/samplers/{sampling_session_id}"): Doc(errors=(404,)),
-    ("POST", V1 + "/asample"): Doc(errors=SEQUENCED, body=sampling.SampleRequest, body_patch=_asample),
+    ("POST", V1 + "/asample"): Doc(errors=SEQUENCED, records=True, body=sampling.SampleRequest, body_patch=_asample),
     # 200: the result (JSON, or protobuf for forward_backward and sample results when the
     # Accept header asks for it); 408: not finished within the long-poll window (try_again).
     ("POST", V1 + "/retrieve_future"): Doc(errors=(404, 408, 410), body=base.FutureRetrieveRequest, ok_content={PROTOBUF: BINARY}),
     ("POST", V1 + "/retrieve_futures"): Doc(errors=(404,), body=futures.FuturesRetrieveRequest, ok_schema=futures.FuturesRetrieveResponse),
-    ("POST", V1 + "/cancel_future"): Doc(errors=(404,), body=futures.CancelFutureRequest),
+    ("POST", V1 + "/cancel_future"): Doc(errors=(404,), records=True, body=futures.CancelFutureRequest),
     ("GET", V1 + "/training_runs"): Doc(params={**PAGE, **SCOPE}),
     ("GET", V1 + "/training_runs/{run_id}"): Doc(errors=(404,), params=SCOPE),
     ("POST", V1 + "/weights_info"): Doc(errors=(404,), body_patch=lambda s, _: s["properties"].update(tinker_path=TINKER_PATH)),
@@ -231,15 +234,15 @@ ROUTES: dict[tuple[str, str], Doc] = {
     ("GET", V1 + "/sessions/{session_id}"): Doc(errors=(404,), params=SCOPE),
     ("GET", V1 + "/training_runs/{run_id}/checkpoints"): Doc(errors=(404,)),
     ("GET", V1 + "/checkpoints"): Doc(params=PAGE),
-    ("DELETE", CKPT): Doc(errors=(404,), params={**RUN_PARAM, "rest": {"type": "string", "pattern": f"^{CKPT_ID}(/publish)?$"}}),
-    ("POST", CKPT): Doc(errors=(404,), params={**RUN_PARAM, "rest": {"type": "string", "pattern": f"^{CKPT_ID}/publish$"}}),
-    ("PUT", CKPT): Doc(errors=(404,), params={**RUN_PARAM, "rest": {"type": "string", "pattern": f"^{CKPT_ID}/ttl$"}},
+    ("DELETE", CKPT): Doc(errors=(404,), records=True, params={**RUN_PARAM, "rest": {"type": "string", "pattern": f"^{CKPT_ID}(/publish)?$"}}),
+    ("POST", CKPT): Doc(errors=(404,), records=True, params={**RUN_PARAM, "rest": {"type": "string", "pattern": f"^{CKPT_ID}/publish$"}}),
+    ("PUT", CKPT): Doc(errors=(404,), records=True, params={**RUN_PARAM, "rest": {"type": "string", "pattern": f"^{CKPT_ID}/ttl$"}},
                        body_patch=lambda s, _: s["properties"].update(ttl_seconds=TTL)),  # fmt: skip
     ("GET", CKPT): Doc(errors=(404,), params={**RUN_PARAM, "rest": {"type": "string", "pattern": f"^external_weights/{NAME}/external_weights_urls$"}}),
-    ("POST", V1 + "/copy_weights"): Doc(errors=(404, 409, 429), body=rest_wire.CopyWeightsRequest, body_patch=_copy_weights),
+    ("POST", V1 + "/copy_weights"): Doc(errors=(404, 409, 429), records=True, body=rest_wire.CopyWeightsRequest, body_patch=_copy_weights),
     # A signed link is its own authorisation: 403 for a bad signature, 410 once expired or deleted.
     ("GET", V1 + "/downloads/{tenant}/{sha256}/{filename}"): Doc(
-        errors=(403, 410), authenticated=False, ok_content={"application/octet-stream": BINARY}, ok_not_json=True
+        errors=(403, 410), authenticated=False, ok_content={"application/octet-stream": BINARY}, ok_not_json=True, store=False
     ),
     ("GET", V1 + "/billing/usage/events"): NOT_OFFERED,
     ("GET", V1 + "/billing/usage/checkpoints/current"): NOT_OFFERED,
@@ -250,20 +253,20 @@ ROUTES: dict[tuple[str, str], Doc] = {
     # OpenAI-compatible: 500 when the sampler fails a sample for a server-side reason.
     ("GET", "/v1/models"): Doc(openai=True),
     ("GET", "/v1/models/{model}"): Doc(errors=(404,), openai=True),
-    ("POST", "/v1/completions"): Doc(errors=(404, 409, 429, 500), body=oai.CompletionRequest, body_patch=_completion, ok_content=STREAM, openai=True),
-    ("POST", "/v1/chat/completions"): Doc(errors=(404, 409, 429, 500), body=oai.ChatCompletionRequest, body_patch=_chat, ok_content=STREAM, openai=True),
+    ("POST", "/v1/completions"): Doc(errors=(404, 409, 429, 500), records=True, body=oai.CompletionRequest, body_patch=_completion, ok_content=STREAM, openai=True),
+    ("POST", "/v1/chat/completions"): Doc(errors=(404, 409, 429, 500), records=True, body=oai.ChatCompletionRequest, body_patch=_chat, ok_content=STREAM, openai=True),
     # OpenRL's own API.
     ("GET", OPENRL + "/runs"): Doc(params={**PAGE, "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}, "status": {"type": "string", "enum": list(STATUSES)}}),
     ("GET", OPENRL + "/runs/{run_id}"): Doc(errors=(404,)),
     ("GET", OPENRL + "/runs/{run_id}/metrics"): Doc(
         errors=(404,), params={"after_step": {"type": "integer", "minimum": 0}}, ok_content={"application/x-ndjson": {"type": "string"}}, ok_not_json=True
     ),
-    ("POST", OPENRL + "/runs/{run_id}/cancel"): Doc(errors=(404, 409), body_schema=_cancel_run, body_required=False),
+    ("POST", OPENRL + "/runs/{run_id}/cancel"): Doc(errors=(404, 409), records=True, body_schema=_cancel_run, body_required=False),
     ("GET", OPENRL + "/checkpoints"): Doc(errors=(404,)),
     ("GET", OPENRL + "/checkpoints/archive"): Doc(
         errors=(404, 410), params={"path": TINKER_PATH}, ok_content={"application/x-tar": BINARY}, ok_not_json=True
     ),
-    ("DELETE", OPENRL + "/checkpoints"): Doc(errors=(404,), params={"path": TINKER_PATH}),
+    ("DELETE", OPENRL + "/checkpoints"): Doc(errors=(404,), records=True, params={"path": TINKER_PATH}),
     ("GET", OPENRL + "/runs/{run_id}/events"): Doc(
         errors=(404,),
         params={"after": {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "null"}]}, "history": {"type": "integer", "minimum": 0, "maximum": MAX_HISTORY}},
@@ -271,10 +274,10 @@ ROUTES: dict[tuple[str, str], Doc] = {
     ),  # fmt: skip
     ("GET", OPENRL + "/runs/{run_id}/sampling"): Doc(errors=(404,)),
     # 413 also for a body over the route's own 4 KiB; 409: nothing to fork, or a key reused for another step.
-    ("POST", OPENRL + "/runs/{run_id}/fork"): Doc(errors=(404, 409, 429), body_schema=_fork),
+    ("POST", OPENRL + "/runs/{run_id}/fork"): Doc(errors=(404, 409, 429), records=True, body_schema=_fork),
     ("GET", OPENRL + "/timeline"): Doc(params={"since": {"type": "number", "minimum": 0}}),
     # The dashboard's static files (left out of the description: no API there).
-    ("GET", "/dashboard"): Doc(authenticated=False),
-    ("GET", "/dashboard/{name}"): Doc(errors=(404,), authenticated=False),
+    ("GET", "/dashboard"): Doc(authenticated=False, store=False),
+    ("GET", "/dashboard/{name}"): Doc(errors=(404,), authenticated=False, store=False),
     ("GET", OPENRL + "/sessions"): Doc(params={**PAGE, "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}}),
 }
