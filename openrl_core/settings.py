@@ -55,6 +55,10 @@ class Settings(BaseSettings):
     model_cache: Optional[Path] = Field(None, description="where materialised models are cached")
     device: str = Field("cpu", description="torch device of the workers")
     long_poll_seconds: float = Field(25.0, gt=0, le=40, description="how long retrieve_future holds an unfinished future")
+    event_stream_seconds: float = Field(
+        25.0, gt=0, le=300, description="how long a run's event stream (GET /api/openrl/v1/runs/{id}/events) stays open before "
+        "it ends and the client reconnects where it left off",
+    )
     inline_payload_limit: int = Field(
         256 * 1024, ge=1024, description="event payloads above this many bytes go to the blob store by reference"
     )

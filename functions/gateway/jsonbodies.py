@@ -104,15 +104,27 @@ def _datum(index: int, datum: DatumJSON) -> Datum:
     inputs = {
         name: tensor_to_numpy(tensor, f"data[{index}].loss_fn_inputs[{name!r}]") for name, tensor in datum.loss_fn_inputs.items()
     }
-    return Datum(tokens_N=np.asarray(tokens, dtype=np.int64), loss_fn_inputs=inputs)
+    return Datum(tokens_N=_int64(tokens, f"data[{index}].model_input"), loss_fn_inputs=inputs)
+
+
+INT64 = np.iinfo(np.int64)
+
+
+def _int64(values: list, where: str) -> np.ndarray:
+    if any(not INT64.min <= v <= INT64.max for v in values):
+        raise InvalidRequest(f"{where} holds a value outside int64")
+    return np.asarray(values, dtype=np.int64)
 
 
 def tensor_to_numpy(tensor: TensorData, where: str) -> np.ndarray:
     dtype = numpy_dtype(tensor.dtype)
-    values = np.asarray(tensor.data, dtype=np.float64 if any(isinstance(v, float) for v in tensor.data) else np.int64)
+    floats = any(isinstance(v, float) for v in tensor.data)
+    values = np.asarray(tensor.data, dtype=np.float64) if floats else _int64(tensor.data, where)
     if dtype.kind == "i" and values.dtype.kind == "f":
         if not np.all(np.isfinite(values)) or np.any(values != np.round(values)):
             raise InvalidRequest(f"{where} is int64 but holds non-integer values")
+        if np.any(np.abs(values) >= 2.0**63):
+            raise InvalidRequest(f"{where} holds a value outside int64")
     values = values.astype(dtype)
     sparse = (tensor.sparse_crow_indices, tensor.sparse_col_indices)
     if any(part is not None for part in sparse):

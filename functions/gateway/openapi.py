@@ -31,7 +31,7 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from functions.gateway.openapi_routes import PROTOBUF, ROUTES, Doc
+from functions.gateway.openapi_routes import PROTOBUF, ROUTES, Doc, Served, patch_components
 from openrl_core.wire.base import TryAgainResponse
 
 REF = "#/components/schemas/{model}"
@@ -95,8 +95,11 @@ def describe(app: FastAPI) -> dict[str, Any]:
     components = spec.setdefault("components", {}).setdefault("schemas", {})
     components.update(ERROR_SCHEMAS)
     spec["components"]["securitySchemes"] = SECURITY_SCHEMES
-    # The models this server serves: a base_model outside them is a 400, so it is an enum here.
-    models = sorted(app.state.ctx.models.catalog.names())
+    # The models this server serves: a base_model outside them is a 400, so it is an enum here;
+    # token ids at or above the smallest vocabulary among them are refused for some model.
+    models = app.state.ctx.models
+    names = sorted(models.catalog.names())
+    served = Served(names, min(models.files(name).vocab_size for name in names))
     for name in ("HTTPValidationError", "ValidationError"):
         components.pop(name, None)
     for path, item in spec["paths"].items():
@@ -106,7 +109,8 @@ def describe(app: FastAPI) -> dict[str, Any]:
             doc = ROUTES.get((method.upper(), path))
             if doc is None:
                 raise DescriptionError(f"{method.upper()} {path} has no entry in openapi_routes.ROUTES")
-            _document(operation, doc, components, models)
+            _document(operation, doc, components, served)
+    patch_components(components, served)
     return spec
 
 
@@ -127,10 +131,10 @@ def _fastapi_description(app: FastAPI) -> dict[str, Any]:
     return get_openapi(title=app.title, version=app.version, routes=app.routes, description=__doc__.split("\n\n")[0])
 
 
-def _document(operation: dict, doc: Doc, components: dict, models: list[str]) -> None:
+def _document(operation: dict, doc: Doc, components: dict, served: Served) -> None:
     operation["security"] = ([{"Bearer": []}, {"ApiKey": []}] if doc.openai else [{"ApiKey": []}]) if doc.authenticated else []
     _parameters(operation, doc)
-    _request_body(operation, doc, components, models)
+    _request_body(operation, doc, components, served)
     _responses(operation, doc, components)
 
 
@@ -157,7 +161,7 @@ def _model_schema(model: type[BaseModel], components: dict) -> dict:
     return schema
 
 
-def _request_body(operation: dict, doc: Doc, components: dict, models: list[str]) -> None:
+def _request_body(operation: dict, doc: Doc, components: dict, served: Served) -> None:
     content: dict[str, Any] = {}
     if doc.body is not None:
         content["application/json"] = {"schema": _model_schema(doc.body, components)}
@@ -169,8 +173,10 @@ def _request_body(operation: dict, doc: Doc, components: dict, models: list[str]
         schema = content["application/json"]["schema"]
         if "$ref" in schema:  # patch a copy: the component may serve other routes unchanged
             schema = copy.deepcopy(components[schema["$ref"].rsplit("/", 1)[1]])
-        doc.body_patch(schema, models)
+        doc.body_patch(schema, served)
         content["application/json"]["schema"] = schema
+    if doc.example is not None:
+        content["application/json"]["example"] = doc.example
     if doc.protobuf_body:
         content[PROTOBUF] = {"schema": {"type": "string", "format": "binary"}}
     if content:

@@ -25,8 +25,10 @@ from functions.gateway.routes import rest_wire
 from functions.gateway.routes.openrl_forks import MAX_WAIT as FORK_MAX_WAIT
 from functions.gateway.routes.openrl_live import MAX_HISTORY
 from functions.gateway.routes.openrl_runs import MAX_LIMIT, STATUSES, PREFIX as OPENRL
+from functions.gateway.routes.sampling import MAX_NUM_SAMPLES, MAX_TOPK
 from openrl_core.finetune import FULL_FINETUNE_KEY
 from openrl_core.ids import CHECKPOINT_KINDS
+from openrl_core.losses import LOSSES
 from openrl_core.wire import base, futures, sampling, training
 
 # The grammar `openrl_core.ids` checks (a path failing it is a 400 before any lookup).
@@ -46,17 +48,34 @@ BINARY = {"type": "string", "format": "binary"}
 SEQUENCED = (404, 409, 410, 429)  # unknown model; seq_id reused with another body; cancelled run; over a quota
 
 
+@dataclass(frozen=True)
+class Served:
+    """What the description depends on: the served model names, and the smallest vocabulary
+    among them (token ids below it are valid for every served model; with one model, exact)."""
+
+    names: list[str]
+    vocab_size: int
+
+    @property
+    def token(self) -> dict:
+        return {"type": "integer", "minimum": 0, "maximum": self.vocab_size - 1}
+
+
 def only(value: Any, kind: str) -> dict:
     """An argument OpenAI has that this server takes only at its neutral value."""
     return {"anyOf": [{"type": kind, "const": value} if kind != "object" else {"type": "object", "maxProperties": 0}, {"type": "null"}]}
 
 
-def _create_model(schema: dict, models: list[str]) -> None:
+# A model input holding at least one token: some chunk has one.
+NONEMPTY_INPUT = {"allOf": [{"$ref": "#/components/schemas/ModelInput"}], "properties": {"chunks": {"contains": {"properties": {"tokens": {"minItems": 1}}}}}}
+
+
+def _create_model(schema: dict, served: Served) -> None:
     """A LoRA run needs its lora_config; a full fine-tuning run (user_metadata flag "true")
     takes none, or one that leaves every weight trained. (A server whose settings make some
     base models full fine-tuning by default takes no lora_config flags for them; not stated.)"""
     props = schema["properties"]
-    props["base_model"] = {"type": "string", "enum": models}
+    props["base_model"] = {"type": "string", "enum": served.names}
     flag = {"type": "string", "enum": ["true", "false"]}
     props["user_metadata"] = {"anyOf": [{"type": "object", "properties": {FULL_FINETUNE_KEY: flag}}, {"type": "null"}]}
     full = {"required": ["user_metadata"], "properties": {"user_metadata": {"type": "object", "required": [FULL_FINETUNE_KEY],
@@ -68,24 +87,44 @@ def _create_model(schema: dict, models: list[str]) -> None:
     ]
 
 
-def _asample(schema: dict, models: list[str]) -> None:
+def _asample(schema: dict, served: Served) -> None:
     # asample samples in a session it was given; the SDK's direct base_model form is refused.
     schema["required"] = sorted({*schema.get("required", ()), "sampling_session_id"})
-    schema["properties"]["sampling_session_id"] = {"type": "string"}
+    props = schema["properties"]
+    props["sampling_session_id"] = {"type": "string"}
+    # a prompt holds at least one token (some chunk has one); its total with max_tokens must fit
+    # the model's context, which no JSON Schema can sum (stated here, checked by the route)
+    props["prompt"] = NONEMPTY_INPUT
+    props["num_samples"] = {"type": "integer", "minimum": 1, "maximum": MAX_NUM_SAMPLES, "default": 1}
+    props["topk_prompt_logprobs"] = {"type": "integer", "minimum": 0, "maximum": MAX_TOPK, "default": 0}
+    props["record_stability_info"] = {"const": False, "default": False}  # not offered (a 400 that says why)
+    for name in ("topk_sample_logprobs", "prompt_alt_tokens_k"):
+        props[name] = {"const": 0, "default": 0}  # not offered yet
+    props["target_prompt_logprobs"] = {"anyOf": [{"type": "object", "maxProperties": 0}, {"type": "null"}]}
+    # prompt_logprobs_last_n needs prompt_logprobs (and at most the prompt's length - 1)
+    schema["if"] = {"required": ["prompt_logprobs_last_n"], "properties": {"prompt_logprobs_last_n": {"type": "integer"}}}
+    schema["then"] = {"required": ["prompt_logprobs"], "properties": {"prompt_logprobs": {"const": True},
+                      "prompt_logprobs_last_n": {"minimum": 1}}}  # fmt: skip
 
 
-def _sampling_session(schema: dict, models: list[str]) -> None:
+def _sampling_session(schema: dict, served: Served) -> None:
     # A session samples a base model or a checkpoint (then base_model, if given, must match it).
     schema["anyOf"] = [
-        {"required": ["base_model"], "properties": {"base_model": {"type": "string", "enum": models}}},
+        {"required": ["base_model"], "properties": {"base_model": {"type": "string", "enum": served.names}}},
         {"required": ["model_path"], "properties": {"model_path": TINKER_PATH}},
     ]
     schema["properties"]["model_path"] = NULLABLE_TINKER_PATH
 
 
-def _load_weights(schema: dict, models: list[str]) -> None:
-    schema["properties"]["path"] = TINKER_PATH
-    schema["properties"]["base_model"] = {"anyOf": [{"type": "string", "enum": models}, {"type": "null"}]}
+LOADABLE_PATH = {"type": "string", "pattern": f"^tinker://{RUN_ID}/(weights|sampler_weights)/{NAME}$"}  # not exports
+
+
+def _load_weights(schema: dict, served: Served) -> None:
+    schema["properties"]["path"] = LOADABLE_PATH
+    # optimizer state is only in weights/ checkpoints (save_state)
+    schema["if"] = {"required": ["path"], "properties": {"path": {"pattern": "/sampler_weights/"}}}
+    schema["then"] = {"properties": {"optimizer": {"const": False}}}
+    schema["properties"]["base_model"] = {"anyOf": [{"type": "string", "enum": served.names}, {"type": "null"}]}
     # Two addressings: a new model (session_id + model_seq_id) or in place (model_id + seq_id).
     schema["anyOf"] = [
         {"required": ["session_id", "model_seq_id"], "properties": {"session_id": {"type": "string"}, "model_seq_id": {"type": "integer"}}},
@@ -96,16 +135,16 @@ def _load_weights(schema: dict, models: list[str]) -> None:
 NAME_STR = {"type": "string", "pattern": f"^{NAME}$"}
 
 
-def _sequenced(schema: dict, models: list[str]) -> None:
+def _sequenced(schema: dict, served: Served) -> None:
     schema["properties"]["seq_id"] = {"type": "integer", "minimum": 1}  # checked by the route, not the model
 
 
-def _save_weights(schema: dict, models: list[str]) -> None:
+def _save_weights(schema: dict, served: Served) -> None:
     schema["required"] = sorted({*schema.get("required", ()), "path"})
     schema["properties"]["path"] = NAME_STR
 
 
-def _save_for_sampler(schema: dict, models: list[str]) -> None:
+def _save_for_sampler(schema: dict, served: Served) -> None:
     # A checkpoint name, or the seq id of a new sampling session made from the weights.
     schema["properties"]["path"] = {"anyOf": [NAME_STR, {"type": "null"}]}
     schema["anyOf"] = [
@@ -114,7 +153,7 @@ def _save_for_sampler(schema: dict, models: list[str]) -> None:
     ]
 
 
-def _save_external(schema: dict, models: list[str]) -> None:
+def _save_external(schema: dict, served: Served) -> None:
     schema["required"] = sorted({*schema.get("required", ()), "path", "seq_id"})
     props = schema["properties"]
     props["path"] = NAME_STR
@@ -122,30 +161,42 @@ def _save_external(schema: dict, models: list[str]) -> None:
     props["age_encryption_recipients"] = {"anyOf": [{"type": "array", "maxItems": 0}, {"type": "null"}]}  # not offered
 
 
-def _copy_weights(schema: dict, models: list[str]) -> None:
+def _copy_weights(schema: dict, served: Served) -> None:
     props = schema["properties"]
     props["source_path"] = TINKER_PATH
     props["ttl_seconds"] = TTL
     props["weights_access_token"] = {"type": "null"}  # copies stay within the caller's checkpoints
+    # into a session (session_id with model_seq_id) or a new one in a project, not both
+    none = {"type": "null"}
+    schema["anyOf"] = [
+        {"required": ["session_id", "model_seq_id"], "properties": {"session_id": {"type": "string"}, "model_seq_id": {"type": "integer"},
+         "destination_project_id": none}},
+        {"required": ["destination_project_id"], "properties": {"destination_project_id": {"type": "string", "pattern": "\\S", "maxLength": 200},
+         "session_id": none, "model_seq_id": none}},
+    ]  # fmt: skip
 
 
-def _openai_common(schema: dict, models: list[str]) -> None:
+def _openai_common(schema: dict, served: Served) -> None:
     props = schema["properties"]
     for name in ("presence_penalty", "frequency_penalty"):
         props[name] = only(0, "number")
     props["logit_bias"] = only({}, "object")
 
 
-def _completion(schema: dict, models: list[str]) -> None:
-    _openai_common(schema, models)
+def _completion(schema: dict, served: Served) -> None:
+    _openai_common(schema, served)
     props = schema["properties"]
+    # one prompt or several, each holding at least one token (any non-empty text does)
+    tokens = {"type": "array", "items": served.token, "minItems": 1}
+    props["prompt"] = {"anyOf": [{"type": "string", "minLength": 1}, {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1},
+                                 tokens, {"type": "array", "items": tokens, "minItems": 1}]}  # fmt: skip
     props["echo"] = only(False, "boolean")
     props["suffix"] = {"anyOf": [{"type": "string", "maxLength": 0}, {"type": "null"}]}
     props["best_of"] = only(1, "integer")
 
 
-def _chat(schema: dict, models: list[str]) -> None:
-    _openai_common(schema, models)
+def _chat(schema: dict, served: Served) -> None:
+    _openai_common(schema, served)
     props = schema["properties"]
     props["tools"] = {"anyOf": [{"type": "array", "maxItems": 0}, {"type": "null"}]}
     props["tool_choice"] = {"anyOf": [{"type": "string", "enum": ["none", "auto"]}, {"type": "null"}]}
@@ -174,12 +225,32 @@ def _fork() -> dict:
     }
 
 
+def patch_components(components: dict, served: Served) -> None:
+    """The parts several bodies share, as the routes check them: token ids in the vocabulary;
+    a forward_backward input with at least one datum, each holding a token, a known loss and
+    only the config keys that loss uses."""
+    if "PromptChunk" in components:
+        components["PromptChunk"]["properties"]["tokens"]["items"] = served.token
+    if "DatumJSON" in components:
+        components["DatumJSON"]["properties"]["model_input"] = NONEMPTY_INPUT
+    if "ForwardBackwardInput" in components:
+        fb_input = components["ForwardBackwardInput"]
+        fb_input["properties"]["data"]["minItems"] = 1
+        fb_input["properties"]["loss_fn"] = {"type": "string", "enum": sorted(LOSSES)}
+        fb_input["allOf"] = [
+            {"if": {"properties": {"loss_fn": {"const": name}}},
+             "then": {"properties": {"loss_fn_config": {"anyOf": [{"type": "null"}, {"type": "object", "additionalProperties": False,
+                      "properties": {key: {"type": "number"} for key in spec.config_defaults}}]}}}}
+            for name, spec in sorted(LOSSES.items())
+        ]  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Doc:
     errors: tuple[int, ...] = ()  # besides 400 (bad input), 401 (bad key) and 413 (body over the limit)
     body: Optional[type[BaseModel]] = None  # a JSON body the route reads by hand
     body_schema: Optional[Callable[[], dict]] = None  # a body no model describes
-    body_patch: Optional[Callable[[dict, list[str]], None]] = None  # the route's own checks, as schema (given the served models)
+    body_patch: Optional[Callable[[dict, "Served"], None]] = None  # the route's own checks, as schema (given what is served)
     body_required: bool = True
     protobuf_body: bool = False  # also takes application/x-protobuf
     params: dict[str, dict] = field(default_factory=dict)  # schema of hand-checked parameters
@@ -189,15 +260,39 @@ class Doc:
     authenticated: bool = True
     never_ok: bool = False  # a route that only ever refuses (a feature not offered)
     openai: bool = False  # errors in OpenAI's shape, key as Bearer
+    example: Optional[dict] = None  # a JSON body the route takes (ids are placeholders)
     store: bool = True  # reads or writes the event store: a 503 while it is unreachable
     records: bool = False  # records events, whose payloads may go to the blob store: a 507 when its disk is full
 
 
 V1 = "/api/v1"
+# One cross_entropy datum of three tokens: what a JSON forward_backward (or forward) carries.
+FB_INPUT = {
+    "data": [{"model_input": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]},
+              "loss_fn_inputs": {"target_tokens": {"data": [2, 3, 4], "dtype": "int64"}, "weights": {"data": [1.0, 1.0, 1.0], "dtype": "float32"}}}],
+    "loss_fn": "cross_entropy",
+}  # fmt: skip
+MODEL_ID = "00000000-0000-0000-0000-000000000000:train:0"
 CKPT = V1 + "/training_runs/{run_id}/checkpoints/{rest}"
 CKPT_ID = f"{KIND}/{NAME}"
 RUN_PARAM = {"run_id": {"type": "string", "pattern": f"^{RUN_ID}$"}}
-STREAM = {"text/event-stream": {"schema": {"type": "string"}, "description": "with stream: true, OpenAI chunks ending data: [DONE]"}}
+# An event stream's schema describes each event (OpenAPI 3.1): its `data`, and what it holds.
+def sse(data: dict, description: str) -> dict:
+    properties = {"data": data, "id": {"type": "string"}, "event": {"type": "string"}}
+    return {"text/event-stream": {"type": "object", "required": ["data"], "properties": properties, "description": description}}
+
+
+STREAM = sse({"type": "string", "minLength": 1}, "with stream: true, OpenAI chunks (JSON) ending data: [DONE]")
+RUN_EVENT = {
+    "type": "object",
+    "required": ["schema", "position", "id", "type", "name", "key", "time", "fields"],
+    "properties": {
+        "schema": {"const": "openrl.event.v1"}, "position": {"type": "integer", "minimum": 1}, "id": {"type": "string"},
+        "type": {"type": "string"}, "name": {"type": "string"}, "key": {"type": "string"}, "subject": {"type": ["string", "null"]},
+        "time": {"type": "string"}, "fields": {"type": "object"},
+    },
+}  # fmt: skip
+RUN_EVENTS = sse({"type": "string", "contentMediaType": "application/json", "contentSchema": RUN_EVENT}, "one stored event of the run each")
 NOT_OFFERED = Doc(errors=(404,), never_ok=True, store=False)
 
 ROUTES: dict[tuple[str, str], Doc] = {
@@ -213,8 +308,10 @@ ROUTES: dict[tuple[str, str], Doc] = {
     ("POST", V1 + "/create_model"): Doc(errors=(404, 409, 429), records=True, body=training.CreateModelRequest, body_patch=_create_model),
     ("POST", V1 + "/get_info"): Doc(errors=(404, 410)),
     ("POST", V1 + "/load_weights"): Doc(errors=SEQUENCED, records=True, body=training.LoadWeightsRequest, body_patch=_load_weights),
-    ("POST", V1 + "/forward_backward"): Doc(errors=SEQUENCED, records=True, body=jsonbodies.ForwardBackwardRequest, body_patch=_sequenced, protobuf_body=True),
-    ("POST", V1 + "/forward"): Doc(errors=SEQUENCED, records=True, body=jsonbodies.ForwardRequest, body_patch=_sequenced),
+    ("POST", V1 + "/forward_backward"): Doc(errors=SEQUENCED, records=True, body=jsonbodies.ForwardBackwardRequest, body_patch=_sequenced, protobuf_body=True,
+                                                   example={"model_id": MODEL_ID, "seq_id": 1, "forward_backward_input": FB_INPUT}),
+    ("POST", V1 + "/forward"): Doc(errors=SEQUENCED, records=True, body=jsonbodies.ForwardRequest, body_patch=_sequenced,
+                                          example={"model_id": MODEL_ID, "seq_id": 1, "forward_input": FB_INPUT}),
     ("POST", V1 + "/optim_step"): Doc(errors=SEQUENCED, records=True, body=training.OptimStepRequest),
     ("POST", V1 + "/save_weights"): Doc(errors=SEQUENCED, records=True, body=training.SaveWeightsRequest, body_patch=_save_weights),
     ("POST", V1 + "/save_weights_for_sampler"): Doc(errors=SEQUENCED, records=True, body=training.SaveWeightsForSamplerRequest, body_patch=_save_for_sampler),
@@ -229,7 +326,7 @@ ROUTES: dict[tuple[str, str], Doc] = {
     ("POST", V1 + "/cancel_future"): Doc(errors=(404,), records=True, body=futures.CancelFutureRequest),
     ("GET", V1 + "/training_runs"): Doc(params={**PAGE, **SCOPE}),
     ("GET", V1 + "/training_runs/{run_id}"): Doc(errors=(404,), params=SCOPE),
-    ("POST", V1 + "/weights_info"): Doc(errors=(404,), body_patch=lambda s, _: s["properties"].update(tinker_path=TINKER_PATH)),
+    ("POST", V1 + "/weights_info"): Doc(errors=(404,), body_patch=lambda s, _served: s["properties"].update(tinker_path=TINKER_PATH)),
     ("GET", V1 + "/sessions"): Doc(params={**PAGE, **SCOPE}),
     ("GET", V1 + "/sessions/{session_id}"): Doc(errors=(404,), params=SCOPE),
     ("GET", V1 + "/training_runs/{run_id}/checkpoints"): Doc(errors=(404,)),
@@ -237,7 +334,7 @@ ROUTES: dict[tuple[str, str], Doc] = {
     ("DELETE", CKPT): Doc(errors=(404,), records=True, params={**RUN_PARAM, "rest": {"type": "string", "pattern": f"^{CKPT_ID}(/publish)?$"}}),
     ("POST", CKPT): Doc(errors=(404,), records=True, params={**RUN_PARAM, "rest": {"type": "string", "pattern": f"^{CKPT_ID}/publish$"}}),
     ("PUT", CKPT): Doc(errors=(404,), records=True, params={**RUN_PARAM, "rest": {"type": "string", "pattern": f"^{CKPT_ID}/ttl$"}},
-                       body_patch=lambda s, _: s["properties"].update(ttl_seconds=TTL)),  # fmt: skip
+                       body_patch=lambda s, _served: s["properties"].update(ttl_seconds=TTL)),  # fmt: skip
     ("GET", CKPT): Doc(errors=(404,), params={**RUN_PARAM, "rest": {"type": "string", "pattern": f"^external_weights/{NAME}/external_weights_urls$"}}),
     ("POST", V1 + "/copy_weights"): Doc(errors=(404, 409, 429), records=True, body=rest_wire.CopyWeightsRequest, body_patch=_copy_weights),
     # A signed link is its own authorisation: 403 for a bad signature, 410 once expired or deleted.
@@ -270,7 +367,7 @@ ROUTES: dict[tuple[str, str], Doc] = {
     ("GET", OPENRL + "/runs/{run_id}/events"): Doc(
         errors=(404,),
         params={"after": {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "null"}]}, "history": {"type": "integer", "minimum": 0, "maximum": MAX_HISTORY}},
-        ok_content={"text/event-stream": {"type": "string"}}, ok_not_json=True,
+        ok_content=RUN_EVENTS, ok_not_json=True,
     ),  # fmt: skip
     ("GET", OPENRL + "/runs/{run_id}/sampling"): Doc(errors=(404,)),
     # 413 also for a body over the route's own 4 KiB; 409: nothing to fork, or a key reused for another step.

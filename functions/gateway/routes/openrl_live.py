@@ -12,8 +12,8 @@ or the `Last-Event-ID` header, which browsers send when they reconnect), then ne
 the store gets them. Completions wake the stream at once (the long-polls' wake-up); events
 the gateway itself stores (requests, cancellation) are picked up by a poll every
 `POLL_SECONDS`, which also covers events another replica stored. Every read runs in the
-thread pool, never on the event loop. A stream ends after `STREAM_SECONDS` (the client
-reconnects where it left off), so one never holds a server that is shutting down longer
+thread pool, never on the event loop. A stream ends after `event_stream_seconds` (a setting,
+25 s by default; the client reconnects where it left off), so one never holds a server that is shutting down longer
 than a long-poll does; a comment line keeps idle proxies from closing it before that.
 
 `GET /runs/{id}/sampling` is the run's sampling throughput: per completed sample request of
@@ -39,7 +39,6 @@ from openrl_core.errors import InvalidRequest
 
 router = APIRouter(prefix=PREFIX)
 POLL_SECONDS = 1.0
-STREAM_SECONDS = 25.0
 KEEPALIVE_SECONDS = 10.0
 BATCH = 200
 MAX_HISTORY = 1000
@@ -131,7 +130,7 @@ async def run_events(
         return [event_json(ctx, tenant, r) for r in store.run_events(tenant, keys(), position, BATCH)]
 
     async def stream() -> AsyncIterator[str]:
-        deadline = time.monotonic() + STREAM_SECONDS
+        deadline = time.monotonic() + ctx.settings.event_stream_seconds
         quiet_since = time.monotonic()
         yield f"retry: {int(POLL_SECONDS * 1000)}\n\n"
         with ctx.waiters.watch_all() as woken:
