@@ -15,18 +15,23 @@
   (403). A 400 fails the run, unless its detail is one of the `UNSTATED` rules: the few a
   JSON Schema cannot state (a sum over a list, a length relative to another field, the
   store's state), each named with its reason. Every other 400 still fails.
+- `map_case`: the description's example bodies carry a placeholder model id; in the examples
+  phase they get the seeded run's (`OPENRL_FUZZ_MODEL`) and a fresh seq_id each.
 - `after_call` writes each answer's operation, status and seconds to `OPENRL_FUZZ_STATUSES`
   (the test's coverage report).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
 import sqlite3
 
 import schemathesis
+
+from functions.gateway.openapi_routes import MODEL_ID as PLACEHOLDER_MODEL
 
 PROTOBUF = "application/x-protobuf"
 GATEWAY = "/openrl/gateway"
@@ -52,6 +57,7 @@ UNSTATED: dict[str, list[tuple[str, str]]] = {
     "POST /api/openrl/v1/runs/{run_id}/fork": [(r"^step must be between 0 and \d+ \(the run's completed", "the run's state: its steps")],
 }
 _before: dict[str, int] = {}
+_fresh_seq_ids = itertools.count(5000)  # above the seeded dictionary's (test_api_fuzz.py)
 
 
 def gateway_events() -> int:
@@ -63,6 +69,14 @@ def gateway_events() -> int:
 @schemathesis.hook
 def filter_case(context, case) -> bool:
     return case.media_type != PROTOBUF
+
+
+@schemathesis.hook
+def map_case(context, case):
+    meta, body = case.meta, case.body
+    if meta is not None and meta.phase.name == "examples" and isinstance(body, dict) and body.get("model_id") == PLACEHOLDER_MODEL:
+        case.body = {**body, "model_id": os.environ["OPENRL_FUZZ_MODEL"], "seq_id": next(_fresh_seq_ids)}
+    return case
 
 
 @schemathesis.hook

@@ -94,7 +94,8 @@ def _seed(server) -> dict[str, list]:
     training.forward_backward([datum], "cross_entropy").result()
     training.optim_step(types.AdamParams(learning_rate=1e-3)).result()
     weights = training.save_state("w").result().path
-    doomed = [training.save_state("d").result().path, training.save_weights_for_sampler("ds").result().path]
+    doomed = [training.save_state("d").result().path, training.save_weights_for_sampler("ds").result().path]  # OpenRL's DELETE
+    doomed_here = training.save_state("d2").result().path  # the Tinker REST DELETE's
     sampler_weights = training.save_weights_for_sampler("s").result().path
     export = training.save_weights_external("e").result().path
     link = next(iter(rest.get_external_weights_urls(export).result().urls.values()))
@@ -125,7 +126,7 @@ def _seed(server) -> dict[str, list]:
         "sessions": [others[0], session], "finishable": [others[1]], "runs": [run], "victims": [victim],
         "samplers": [sampler], "futures": [sample], "models_v1": [MODEL, sampler_weights],
         "paths": [weights, sampler_weights], "sampler_paths": [sampler_weights], "doomed_paths": doomed,
-        "rest_delete": [name(doomed[0]), name(doomed[1]) + "/publish"], "rest_publish": [name(weights) + "/publish"],
+        "rest_delete": [name(doomed_here)], "rest_publish": [name(weights) + "/publish"],
         "rest_ttl": [name(weights) + "/ttl"], "rest_urls": [name(export) + "/external_weights_urls"],
         "seq_ids": list(range(1000, 3000)),  # fresh: every seq_id of a model is used once
         "tenants": [tenant], "shas": [sha], "filenames": [filename], "expires": [query["expires"]], "signatures": [query["signature"]],
@@ -221,7 +222,8 @@ def test_schemathesis_finds_nothing(server, seeded, tmp_path):
         "--request-timeout", "60", "--suppress-health-check", "filter_too_much,too_slow", "--max-failures", "1000",
         "--report", "json", "--report-json-path", str(report), "--output-truncate", "true",
     ]  # fmt: skip
-    env = dict(os.environ, SCHEMATHESIS_HOOKS=HOOKS, OPENRL_FUZZ_DB=str(server.data_dir / "events.db"), OPENRL_FUZZ_STATUSES=str(statuses))
+    env = dict(os.environ, SCHEMATHESIS_HOOKS=HOOKS, OPENRL_FUZZ_DB=str(server.data_dir / "events.db"), OPENRL_FUZZ_STATUSES=str(statuses),
+               OPENRL_FUZZ_MODEL=seeded["runs"][0])  # fmt: skip
     run = subprocess.run(command, env=env, cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, timeout=1800)
     summary = json.loads(report.read_text()) if report.exists() else {}
     cases, operations = summary.get("test_cases") or {}, summary.get("operations") or {}
@@ -236,7 +238,7 @@ def test_schemathesis_finds_nothing(server, seeded, tmp_path):
     assert summary["operations"]["tested"] >= 50 and cases["generated"] >= 50 * EXAMPLES
     assert not summary["failures"] and not summary["errors"]
     # the fuzzing reaches the routes' own logic: all but a few of those that can succeed did
-    assert len(succeeded) >= len(set(answers) - NEVER_OK) - 5, sorted(set(answers) - NEVER_OK - succeeded)
+    assert len(succeeded) >= len(set(answers) - NEVER_OK) - 3, sorted(set(answers) - NEVER_OK - succeeded)
 
 
 # -- protobuf and compressed bodies -----------------------------------------------------------
