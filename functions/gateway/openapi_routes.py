@@ -66,6 +66,22 @@ def only(value: Any, kind: str) -> dict:
     return {"anyOf": [{"type": kind, "const": value} if kind != "object" else {"type": "object", "maxProperties": 0}, {"type": "null"}]}
 
 
+# A tensor's values as its dtype holds them: int64 ones whole and inside the int64 range (a
+# bound the gateway applies to every value, 2**63 in magnitude), float32 ones inside float32's;
+# a sparse (CSR) one 2-D with its index lists. Its shape against its value count is a product,
+# and its CSR indices against its values, lengths: neither is stated (fuzz_hooks.UNSTATED).
+INT64_VALUE = {"type": "number", "multipleOf": 1, "exclusiveMinimum": -(2**63), "exclusiveMaximum": 2**63}
+FLOAT32_VALUE = {"type": "number", "minimum": -3.4028234663852886e38, "maximum": 3.4028234663852886e38}
+TENSOR_RULES = [
+    {"if": {"properties": {"dtype": {"const": "int64"}}}, "then": {"properties": {"data": {"items": INT64_VALUE}}}},
+    {"if": {"properties": {"dtype": {"const": "float32"}}}, "then": {"properties": {"data": {"items": FLOAT32_VALUE}}}},
+    {"if": {"anyOf": [{"required": [name], "properties": {name: {"type": "array"}}} for name in ("sparse_crow_indices", "sparse_col_indices")]},
+     "then": {"required": ["shape", "sparse_crow_indices", "sparse_col_indices"],
+              "properties": {"shape": {"type": "array", "minItems": 2, "maxItems": 2, "items": {"minimum": 0}},
+                             "sparse_crow_indices": {"type": "array"}, "sparse_col_indices": {"type": "array"}}}},
+]  # fmt: skip
+
+
 # A model input holding at least one token: some chunk has one.
 NONEMPTY_INPUT = {"allOf": [{"$ref": "#/components/schemas/ModelInput"}], "properties": {"chunks": {"contains": {"properties": {"tokens": {"minItems": 1}}}}}}
 
@@ -111,7 +127,8 @@ def _sampling_session(schema: dict, served: Served) -> None:
     # A session samples a base model or a checkpoint (then base_model, if given, must match it).
     schema["anyOf"] = [
         {"required": ["base_model"], "properties": {"base_model": {"type": "string", "enum": served.names}}},
-        {"required": ["model_path"], "properties": {"model_path": TINKER_PATH}},
+        # base_model, if given, is the checkpoint's (with one model served: that one)
+        {"required": ["model_path"], "properties": {"model_path": TINKER_PATH, "base_model": {"anyOf": [{"enum": served.names}, {"type": "null"}]}}},
     ]
     schema["properties"]["model_path"] = NULLABLE_TINKER_PATH
 
@@ -181,6 +198,8 @@ def _openai_common(schema: dict, served: Served) -> None:
     for name in ("presence_penalty", "frequency_penalty"):
         props[name] = only(0, "number")
     props["logit_bias"] = only({}, "object")
+    stop = {"type": "string", "minLength": 1}
+    props["stop"] = {"anyOf": [stop, {"type": "array", "items": stop, "maxItems": oai.MAX_STOP_SEQUENCES}, {"type": "null"}]}
 
 
 def _completion(schema: dict, served: Served) -> None:
@@ -231,6 +250,12 @@ def patch_components(components: dict, served: Served) -> None:
     only the config keys that loss uses."""
     if "PromptChunk" in components:
         components["PromptChunk"]["properties"]["tokens"]["items"] = served.token
+    if "TensorData" in components:
+        components["TensorData"]["allOf"] = TENSOR_RULES
+        props = components["TensorData"]["properties"]
+        for name, least in (("shape", 0), ("sparse_crow_indices", None), ("sparse_col_indices", None)):
+            index = {"type": "integer", "maximum": 2**63 - 1, "minimum": -(2**63) if least is None else least}
+            props[name] = {"anyOf": [{"type": "array", "items": index}, {"type": "null"}]}
     if "DatumJSON" in components:
         components["DatumJSON"]["properties"]["model_input"] = NONEMPTY_INPUT
     if "ForwardBackwardInput" in components:
