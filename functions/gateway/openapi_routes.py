@@ -30,6 +30,7 @@ from openrl_core.finetune import FULL_FINETUNE_KEY
 from openrl_core.ids import CHECKPOINT_KINDS
 from openrl_core.losses import LOSSES
 from openrl_core.wire import base, futures, sampling, training
+from openrl_core.wire.futures import MAX_POSITION
 
 # The grammar `openrl_core.ids` checks (a path failing it is a 400 before any lookup).
 RUN_ID = r"[A-Za-z0-9-]{1,64}:train:[0-9]{1,9}"
@@ -381,7 +382,7 @@ ROUTES: dict[tuple[str, str], Doc] = {
     ("GET", OPENRL + "/runs"): Doc(params={**PAGE, "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}, "status": {"type": "string", "enum": list(STATUSES)}}),
     ("GET", OPENRL + "/runs/{run_id}"): Doc(errors=(404,)),
     ("GET", OPENRL + "/runs/{run_id}/metrics"): Doc(
-        errors=(404,), params={"after_step": {"type": "integer", "minimum": 0}}, ok_content={"application/x-ndjson": {"type": "string"}}, ok_not_json=True
+        errors=(404,), params={"after_step": {"type": "integer", "minimum": 0, "maximum": MAX_POSITION}}, ok_content={"application/x-ndjson": {"type": "string"}}, ok_not_json=True
     ),
     ("POST", OPENRL + "/runs/{run_id}/cancel"): Doc(errors=(404, 409), records=True, body_schema=_cancel_run, body_required=False),
     ("GET", OPENRL + "/checkpoints"): Doc(errors=(404,)),
@@ -391,7 +392,8 @@ ROUTES: dict[tuple[str, str], Doc] = {
     ("DELETE", OPENRL + "/checkpoints"): Doc(errors=(404,), records=True, params={"path": TINKER_PATH}),
     ("GET", OPENRL + "/runs/{run_id}/events"): Doc(
         errors=(404,),
-        params={"after": {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "null"}]}, "history": {"type": "integer", "minimum": 0, "maximum": MAX_HISTORY}},
+        params={"after": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": MAX_POSITION}, {"type": "null"}]},
+                "history": {"type": "integer", "minimum": 0, "maximum": MAX_HISTORY}},
         ok_content=RUN_EVENTS, ok_not_json=True,
     ),  # fmt: skip
     ("GET", OPENRL + "/runs/{run_id}/sampling"): Doc(errors=(404,)),

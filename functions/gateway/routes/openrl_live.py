@@ -36,6 +36,7 @@ from functions.gateway.context import GatewayContext
 from functions.gateway.deps import Caller, get_caller, get_ctx
 from functions.gateway.routes.openrl_runs import PREFIX, iso, require_visible_run, seconds, views
 from openrl_core.errors import InvalidRequest
+from openrl_core.wire.futures import MAX_POSITION
 
 router = APIRouter(prefix=PREFIX)
 POLL_SECONDS = 1.0
@@ -90,11 +91,11 @@ def event_json(ctx: GatewayContext, tenant: str, row) -> dict[str, Any]:
 
 def _start_position(after: Optional[int], last_event_id: Optional[str]) -> Optional[int]:
     if last_event_id is not None:
-        if not (last_event_id.isascii() and last_event_id.isdigit()):
+        if not (last_event_id.isascii() and last_event_id.isdigit() and int(last_event_id) <= MAX_POSITION):
             raise InvalidRequest(f"Last-Event-ID must be an event position (a whole number), got {last_event_id[:40]!r}")
         return int(last_event_id)
-    if after is not None and after < 0:
-        raise InvalidRequest(f"after must be 0 or more, got {after}")
+    if after is not None and not 0 <= after <= MAX_POSITION:  # store positions are 64-bit integers
+        raise InvalidRequest(f"after must be between 0 and {MAX_POSITION}, got {after}")
     return after
 
 

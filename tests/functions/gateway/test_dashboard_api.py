@@ -133,7 +133,7 @@ def test_a_completion_wakes_an_open_stream_long_before_its_poll(rest, monkeypatc
 
 def test_a_stream_refuses_bad_positions_clearly(rest, short_streams):
     run = rest.model(rest.session())
-    assert_clear_4xx(rest.request("GET", f"{API}/runs/{run}/events?after=-1"), 400, "after must be 0 or more")
+    assert_clear_4xx(rest.request("GET", f"{API}/runs/{run}/events?after=-1"), 400, "after must be between 0 and")
     assert_clear_4xx(rest.request("GET", f"{API}/runs/{run}/events?history=5000"), 400, "history must be between 0 and 1000")
     bad_id = rest.request("GET", f"{API}/runs/{run}/events", headers={"Last-Event-ID": "12abc"})
     assert_clear_4xx(bad_id, 400, "Last-Event-ID must be an event position")
