@@ -31,7 +31,8 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from functions.gateway.openapi_routes import PROTOBUF, ROUTES, Doc, Served, patch_components
+from functions.gateway.openapi_bodies import PROTOBUF, Served, patch_components
+from functions.gateway.openapi_routes import ROUTES, Doc
 from openrl_core.wire.base import TryAgainResponse
 
 REF = "#/components/schemas/{model}"

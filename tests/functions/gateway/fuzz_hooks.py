@@ -34,7 +34,7 @@ import sqlite3
 import schemathesis
 from jsonschema import Draft202012Validator
 
-from functions.gateway.openapi_routes import MODEL_ID as PLACEHOLDER_MODEL
+from functions.gateway.openapi_bodies import MODEL_ID as PLACEHOLDER_MODEL
 
 PROTOBUF = "application/x-protobuf"
 GATEWAY = "/openrl/gateway"

@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from functions.gateway.app import create_app
-from functions.gateway.openapi_routes import FB_INPUT
+from functions.gateway.openapi_bodies import FB_INPUT
 from functions.runtime import Runtime
 from openrl_core.settings import Settings
 from tests.functions.gateway.rest_rig import ALICE, BOB, MODEL, OPERATOR, Rig
