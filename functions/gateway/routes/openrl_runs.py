@@ -183,9 +183,10 @@ def cancel_run(
     ctx: GatewayContext = Depends(get_ctx),
     caller: Caller = Depends(get_caller),
 ) -> dict:
-    reason = (body or {}).get("reason") or "cancelled"
-    if not isinstance(reason, str) or len(reason) > 500:
+    reason = (body or {}).get("reason")
+    if reason is not None and (not isinstance(reason, str) or len(reason) > 500):  # 0 or false is no reason either
         raise InvalidRequest("reason must be a string of at most 500 characters")
+    reason = reason or "cancelled"
     row = require_visible_run(ctx, caller, run_id)
     if row.state == "cancelled":
         raise Conflict(f"training run {run_id!r} is already cancelled (at {iso(row.cancelled_at)})")

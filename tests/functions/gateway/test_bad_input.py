@@ -219,3 +219,13 @@ def test_numbers_past_int64_are_a_400_not_a_500(api):
     assert_clear_4xx(client.get(f"{runs}/events", headers={**headers, "Last-Event-ID": str(huge)}), 400, "Last-Event-ID")
     assert_clear_4xx(client.get(f"{runs}/metrics?after_step={huge}", headers=headers), 400, "after_step")
     assert snapshot(runtime) == before
+
+
+def test_a_cancel_reason_that_is_not_a_string_is_refused(api):
+    client, runtime = api
+    _, model_id = session_and_model(client)
+    before = snapshot(runtime)
+    for reason in (0, False, [], 7):  # a falsy one was once taken as no reason (found by the fuzz run)
+        answer = client.post(f"/api/openrl/v1/runs/{model_id}/cancel", json={"reason": reason}, headers={"X-API-Key": ALICE})
+        assert_clear_4xx(answer, 400, "reason must be a string")
+    assert snapshot(runtime) == before
