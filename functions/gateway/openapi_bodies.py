@@ -215,7 +215,7 @@ def chat_rules(schema: dict, served: Served) -> None:
 
 def cancel_run_rules() -> dict:
     return {
-        "type": "object",
+        "type": ["object", "null"],  # no body, or JSON null, is no reason
         "properties": {"reason": {"anyOf": [{"type": "string", "maxLength": 500}, {"type": "null"}]}},
         "description": "why the run is cancelled (recorded in its event); optional",
     }
