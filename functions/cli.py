@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     audit.add_argument("-n", "--lines", type=int, default=0, help="with --show: only the last N entries (0: all)")
     metrics = commands.add_parser("metrics", help="Prometheus /metrics of requests, latencies, queue depths and tokens")
     _deployment_options(metrics)
-    metrics.add_argument("--host", default=None, help="listen address (default 127.0.0.1)")
+    metrics.add_argument("--host", dest="metrics_host", default=None, help="listen address of /metrics (default 127.0.0.1; setting metrics_host)")
     metrics.add_argument("--port", dest="metrics_port", type=int, default=None, help="listen port (default 9464)")
 
     prepare = commands.add_parser("models", help="list the model catalogue and build its local files")
@@ -116,15 +116,16 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {field: getattr(args, flag) for field, flag in flags.items() if getattr(args, flag, None) is not None}
     settings = Settings(**overrides)
     logging.getLogger().setLevel(settings.log_level)
-    if args.command == "metrics" and args.metrics_port is not None:
-        settings = Settings(**overrides, metrics_port=args.metrics_port)
+    if args.command == "metrics":
+        flagged = {name: getattr(args, name) for name in ("metrics_host", "metrics_port") if getattr(args, name) is not None}
+        settings = Settings(**overrides, **flagged)
     if args.command == "audit" and args.show:
         return _show_audit(settings, args)
     if args.command in ("audit", "metrics"):
         from functions.serve import Node
 
         node = Node(settings, (args.command,))
-        where = f" on http://{settings.host}:{settings.metrics_port}/metrics" if args.command == "metrics" else ""
+        where = f" on http://{settings.metrics_host}:{settings.metrics_port}/metrics" if args.command == "metrics" else ""
         print(f"openrl: {args.command} of every tenant's events{where}", flush=True)
         node.serve_forever()
         return 0

@@ -55,6 +55,10 @@ class Settings(BaseSettings):
     model_cache: Optional[Path] = Field(None, description="where materialised models are cached")
     device: str = Field("cpu", description="torch device of the workers")
     long_poll_seconds: float = Field(25.0, gt=0, le=40, description="how long retrieve_future holds an unfinished future")
+    event_stream_seconds: float = Field(
+        25.0, gt=0, le=300, description="how long a run's event stream (GET /api/openrl/v1/runs/{id}/events) stays open before "
+        "it ends and the client reconnects where it left off",
+    )
     inline_payload_limit: int = Field(
         256 * 1024, ge=1024, description="event payloads above this many bytes go to the blob store by reference"
     )
@@ -142,6 +146,11 @@ class Settings(BaseSettings):
         ge=256,
         description="audit: ids of this many last lines per tenant file are remembered, so a redelivered event "
         "(at most one uncommitted batch of 256) is never written twice",
+    )
+    metrics_host: str = Field(
+        "127.0.0.1",
+        description="address `openrl metrics` serves Prometheus /metrics on, apart from the gateway's `host`: /metrics "
+        "needs no key and names every tenant, so keep it on a private address (or loopback, the default)",
     )
     metrics_port: int = Field(9464, ge=0, le=65535, description="port the metrics function serves Prometheus /metrics on")
     metrics_checkpoint_seconds: float = Field(

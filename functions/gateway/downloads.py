@@ -172,7 +172,8 @@ def download(
     if not (expires.isascii() and expires.isdigit()) or not _TENANT.fullmatch(tenant) or not _SHA256.fullmatch(sha256):
         raise _forbidden("download link is malformed")
     expected = signature(server_secret(ctx.settings), tenant, sha256, int(expires))
-    if not hmac.compare_digest(expected, given):
+    # compared as bytes: compare_digest refuses str with non-ASCII characters (a TypeError, once a 500)
+    if not hmac.compare_digest(expected.encode(), given.encode("utf-8", "surrogatepass")):
         raise _forbidden("download link signature does not match: the link was altered or comes from another server")
     if int(expires) <= datetime.now(timezone.utc).timestamp():
         expired_at = datetime.fromtimestamp(int(expires), timezone.utc).isoformat()

@@ -104,15 +104,39 @@ def _datum(index: int, datum: DatumJSON) -> Datum:
     inputs = {
         name: tensor_to_numpy(tensor, f"data[{index}].loss_fn_inputs[{name!r}]") for name, tensor in datum.loss_fn_inputs.items()
     }
-    return Datum(tokens_N=np.asarray(tokens, dtype=np.int64), loss_fn_inputs=inputs)
+    return Datum(tokens_N=_int64(tokens, f"data[{index}].model_input"), loss_fn_inputs=inputs)
+
+
+# Values are bounded as the OpenAPI description states them (openapi_routes.TENSOR_RULES):
+# under 2**63 in magnitude for int64 (ints and whole floats alike), float32's range for float32.
+INT64_BOUND = 2**63
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _int64(values: list, where: str) -> np.ndarray:
+    if any(abs(v) >= INT64_BOUND for v in values):
+        raise InvalidRequest(f"{where} holds a value outside int64")
+    return np.asarray(values, dtype=np.int64)
 
 
 def tensor_to_numpy(tensor: TensorData, where: str) -> np.ndarray:
+    try:
+        return _tensor(tensor, where)
+    except OverflowError:  # a shape or an index past int64: numpy cannot even hold it
+        raise InvalidRequest(f"{where} holds a shape or index outside int64") from None
+
+
+def _tensor(tensor: TensorData, where: str) -> np.ndarray:
     dtype = numpy_dtype(tensor.dtype)
-    values = np.asarray(tensor.data, dtype=np.float64 if any(isinstance(v, float) for v in tensor.data) else np.int64)
+    floats = any(isinstance(v, float) for v in tensor.data)
+    values = np.asarray(tensor.data, dtype=np.float64) if floats else _int64(tensor.data, where)
     if dtype.kind == "i" and values.dtype.kind == "f":
         if not np.all(np.isfinite(values)) or np.any(values != np.round(values)):
             raise InvalidRequest(f"{where} is int64 but holds non-integer values")
+        if np.any(np.abs(values) >= INT64_BOUND):
+            raise InvalidRequest(f"{where} holds a value outside int64")
+    if dtype.kind == "f" and values.size and float(np.max(np.abs(values))) > FLOAT32_MAX:
+        raise InvalidRequest(f"{where} holds a value outside float32")
     values = values.astype(dtype)
     sparse = (tensor.sparse_crow_indices, tensor.sparse_col_indices)
     if any(part is not None for part in sparse):

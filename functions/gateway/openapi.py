@@ -12,7 +12,10 @@ route from `openapi_routes.ROUTES`:
   route also takes protobuf;
 - replaces the 422 with the statuses the route can answer, each with its error body: 400
   wherever there is input to get wrong, 401 wherever a key is needed, 413 everywhere (the
-  body limit, `max_request_bytes`, stands in front of every route), and the route's own;
+  body limit, `max_request_bytes`, stands in front of every route), 503 wherever the event
+  store is read or written (unreachable: `errors.py`), 507 wherever events are recorded (a
+  payload over `inline_payload_limit` goes to the blob store: `StorageFull` when its disk
+  is full), and the route's own;
 - constrains hand-checked parameters (page limits, `tinker://` paths) as the route does;
 - adds the non-JSON answers (protobuf results, tar archives, NDJSON, server-sent events);
 - names the key each route needs (`X-API-Key`; also `Authorization: Bearer` under `/v1/`).
@@ -28,7 +31,8 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from functions.gateway.openapi_routes import PROTOBUF, ROUTES, Doc
+from functions.gateway.openapi_bodies import PROTOBUF, Served, patch_components
+from functions.gateway.openapi_routes import ROUTES, Doc
 from openrl_core.wire.base import TryAgainResponse
 
 REF = "#/components/schemas/{model}"
@@ -71,7 +75,11 @@ REASONS = {
     429: "Over one of the tenant's quotas (the detail names it and its setting): nothing was stored; retry after the "
     "Retry-After header's seconds, with the same seq_id",
     500: "The sampler failed the sample for a server-side reason",
+    503: "The event store is unreachable (its database down or restarting): nothing was stored; retry after the "
+    "Retry-After header's seconds (a sequenced request with the same seq_id)",
+    507: "The data disk is full: an event's payload or a blob could not be stored (nothing was kept); retry once space is freed",
 }
+RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer", "minimum": 0}}}
 SECURITY_SCHEMES = {
     "ApiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key", "description": "a tenant's key (tml-...)"},
     "Bearer": {"type": "http", "scheme": "bearer", "description": "the same key, as OpenAI clients send it (/v1/ routes)"},
@@ -88,8 +96,11 @@ def describe(app: FastAPI) -> dict[str, Any]:
     components = spec.setdefault("components", {}).setdefault("schemas", {})
     components.update(ERROR_SCHEMAS)
     spec["components"]["securitySchemes"] = SECURITY_SCHEMES
-    # The models this server serves: a base_model outside them is a 400, so it is an enum here.
-    models = sorted(app.state.ctx.models.catalog.names())
+    # The models this server serves: a base_model outside them is a 400, so it is an enum here;
+    # token ids at or above the smallest vocabulary among them are refused for some model.
+    models = app.state.ctx.models
+    names = sorted(models.catalog.names())
+    served = Served(names, min(models.files(name).vocab_size for name in names))
     for name in ("HTTPValidationError", "ValidationError"):
         components.pop(name, None)
     for path, item in spec["paths"].items():
@@ -99,7 +110,8 @@ def describe(app: FastAPI) -> dict[str, Any]:
             doc = ROUTES.get((method.upper(), path))
             if doc is None:
                 raise DescriptionError(f"{method.upper()} {path} has no entry in openapi_routes.ROUTES")
-            _document(operation, doc, components, models)
+            _document(operation, doc, components, served)
+    patch_components(components, served)
     return spec
 
 
@@ -120,10 +132,10 @@ def _fastapi_description(app: FastAPI) -> dict[str, Any]:
     return get_openapi(title=app.title, version=app.version, routes=app.routes, description=__doc__.split("\n\n")[0])
 
 
-def _document(operation: dict, doc: Doc, components: dict, models: list[str]) -> None:
+def _document(operation: dict, doc: Doc, components: dict, served: Served) -> None:
     operation["security"] = ([{"Bearer": []}, {"ApiKey": []}] if doc.openai else [{"ApiKey": []}]) if doc.authenticated else []
     _parameters(operation, doc)
-    _request_body(operation, doc, components, models)
+    _request_body(operation, doc, components, served)
     _responses(operation, doc, components)
 
 
@@ -150,7 +162,7 @@ def _model_schema(model: type[BaseModel], components: dict) -> dict:
     return schema
 
 
-def _request_body(operation: dict, doc: Doc, components: dict, models: list[str]) -> None:
+def _request_body(operation: dict, doc: Doc, components: dict, served: Served) -> None:
     content: dict[str, Any] = {}
     if doc.body is not None:
         content["application/json"] = {"schema": _model_schema(doc.body, components)}
@@ -162,8 +174,10 @@ def _request_body(operation: dict, doc: Doc, components: dict, models: list[str]
         schema = content["application/json"]["schema"]
         if "$ref" in schema:  # patch a copy: the component may serve other routes unchanged
             schema = copy.deepcopy(components[schema["$ref"].rsplit("/", 1)[1]])
-        doc.body_patch(schema, models)
+        doc.body_patch(schema, served)
         content["application/json"]["schema"] = schema
+    if doc.example is not None:
+        content["application/json"]["example"] = doc.example
     if doc.protobuf_body:
         content[PROTOBUF] = {"schema": {"type": "string", "format": "binary"}}
     if content:
@@ -193,6 +207,10 @@ def _responses(operation: dict, doc: Doc, components: dict) -> None:
         statuses.add(400)
     if doc.authenticated:
         statuses.add(401)
+    if doc.store:
+        statuses.add(503)
+    if doc.records:
+        statuses.add(507)
     for status in sorted(statuses):
         responses[str(status)] = _error_response(status, doc, components)
 
@@ -202,4 +220,7 @@ def _error_response(status: int, doc: Doc, components: dict) -> dict:
         schema = _model_schema(TryAgainResponse, components)
     else:
         schema = OPENAI_ERROR if doc.openai else ERROR
-    return {"description": REASONS[status], "content": {"application/json": {"schema": schema}}}
+    response = {"description": REASONS[status], "content": {"application/json": {"schema": schema}}}
+    if status in (429, 503):
+        response["headers"] = RETRY_AFTER
+    return response

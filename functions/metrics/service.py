@@ -70,7 +70,7 @@ class MetricsService:
     @classmethod
     def from_settings(cls, bus: EventBus, codec: Codec, settings: Settings, instance_id: Optional[str] = None) -> "MetricsService":
         return cls(
-            bus, codec, load_metrics(settings), host=settings.host, port=settings.metrics_port,
+            bus, codec, load_metrics(settings), host=settings.metrics_host, port=settings.metrics_port,
             checkpoint_seconds=settings.metrics_checkpoint_seconds, instance_id=instance_id,
         )  # fmt: skip
 

@@ -17,6 +17,10 @@ from openrl_core.wire.base import WireRequest, WireResponse
 CLONE_SEQ_STRIDE = 1_000_000_000
 
 
+# A store position (or a cursor over them) is a 64-bit integer in every store.
+MAX_POSITION = 2**63 - 1
+
+
 class SamplingSessionTarget(WireRequest):
     type: Literal["sampling_session"] = "sampling_session"
     sampling_session_id: str
@@ -26,7 +30,7 @@ class SamplingSessionTarget(WireRequest):
 class FuturesRetrieveRequest(WireRequest):
     target: SamplingSessionTarget
     # The cursor of the previous answer: completions at or before it were already reported.
-    prev_cursor: int = Field(0, ge=0)
+    prev_cursor: int = Field(0, ge=0, le=MAX_POSITION)
     # 0: answer at once (the SDK's ack-only poll); None or more: hold up to the long-poll window.
     timeout: Optional[float] = Field(None, ge=0)
     retrieved_request_ids: list[str] = Field(default_factory=list)

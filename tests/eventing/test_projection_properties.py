@@ -5,9 +5,17 @@ a copy's run) and promises nothing across keys: the projector may see them inter
 any way. Generated histories (requests that start, complete, fail or never finish; late
 and contradictory terminal events; redelivered events; checkpoints saved, published,
 given a TTL, deleted, expired and copied; sampling sessions and their samples, some
-cancelled) are appended to a fresh store once stream by stream and once in a random
-interleaving that respects each stream's order; every projection table must come out the
-same, row for row.
+cancelled; runs cancelled, by their owner or an operator, with requests still open,
+requests that raced the cancellation and a second cancellation; forks of a run, completed,
+failed or cancelled while being built) are appended to a fresh store once stream by stream
+and once in a random interleaving that respects each stream's order; every projection
+table must come out the same, row for row.
+
+A cancelled run's own sampling sessions (bound by save_weights_for_sampler) take no samples
+here: whether a sample that raced the cancellation ends CANCELLED or COMPLETED depends on
+which of the two streams the projector folds first (the cancellation closes the session
+and ends its open futures; a completion folded after that is absorbed). That is the one
+cross-stream order the fold does not absorb.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ import shutil
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event as note, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
@@ -95,13 +103,18 @@ def model_streams(draw, tenant: str, session_id: str, index: int, numbers) -> li
     )  # fmt: skip
     draw(lifecycle(stream, te.CREATE_MODEL, create))
     saved: dict[str, CheckpointSaved] = {}
+    cancelled = draw(st.booleans())  # decided first: a cancelled run's bound sessions take no samples (docstring)
+    completed_steps = 0
     for seq in range(1, draw(st.integers(0, 7)) + 1):
         request_id = f"{model_id}/r{next(rid)}"
-        op = draw(st.sampled_from(["fwdbwd", "optim", "save", "sampler", "bind", "export", "manage", "copy"]))
+        op = draw(st.sampled_from(["fwdbwd", "optim", "save", "sampler", "bind", "export", "manage", "copy", "fork"]))
         if op == "fwdbwd":
             draw(lifecycle(stream, te.FORWARD_BACKWARD, te.ForwardBackwardRequested(request_id=request_id, model_id=model_id, seq_id=seq, loss_fn="cross_entropy", data=[])))
         elif op == "optim":
-            draw(lifecycle(stream, te.OPTIM_STEP, te.OptimStepRequested(request_id=request_id, model_id=model_id, seq_id=seq, adam_params=AdamParams())))
+            payload = te.OptimStepRequested(request_id=request_id, model_id=model_id, seq_id=seq, adam_params=AdamParams())
+            completed_steps += draw(lifecycle(stream, te.OPTIM_STEP, payload)) == "completed"
+        elif op == "fork":
+            extra.append(draw(fork_stream(tenant, model_id, draw(st.integers(0, completed_steps)), seq, numbers)))
         elif op in ("save", "sampler", "export"):
             kind, family, payload_type = {
                 "save": ("weights", te.SAVE_WEIGHTS, te.SaveWeightsRequested),
@@ -119,7 +132,7 @@ def model_streams(draw, tenant: str, session_id: str, index: int, numbers) -> li
             ss_id = f"{session_id}:sample:{index * 100 + seq}"
             bound = SamplingSessionBound(sampling_session_id=ss_id, session_id=session_id, base_model=BASE, adapter={"adapter": ref(ss_id)})
             payload = te.SaveWeightsForSamplerRequested(request_id=request_id, model_id=model_id, seq_id=seq, sampling_session_id=ss_id)
-            if draw(lifecycle(stream, te.SAVE_WEIGHTS_FOR_SAMPLER, payload, {"sampling_session": bound})) == "completed":
+            if draw(lifecycle(stream, te.SAVE_WEIGHTS_FOR_SAMPLER, payload, {"sampling_session": bound})) == "completed" and not cancelled:
                 extra.append(draw(sample_stream(tenant, ss_id, numbers, created=False)))
         elif op == "manage" and saved:
             checkpoint = saved[draw(st.sampled_from(sorted(saved)))]
@@ -136,7 +149,48 @@ def model_streams(draw, tenant: str, session_id: str, index: int, numbers) -> li
                 stream.add(type_, ce.CheckpointRemoved(**key, files=checkpoint.files, expires_at=expires))
         elif op == "copy" and saved:
             extra.append(draw(copy_stream(tenant, saved[draw(st.sampled_from(sorted(saved)))], numbers)))
+    if cancelled:
+        draw(cancel(stream))
     return [stream, *extra]
+
+
+@st.composite
+def cancel(draw, stream: Stream) -> None:
+    """The run cancelled somewhere after its creation was requested: what follows in its
+    stream is the trainer's late work and requests that raced the cancellation; sometimes a
+    second cancellation (which changes nothing)."""
+    model_id = stream.key
+    for _ in range(draw(st.sampled_from([1, 1, 2]))):
+        payload = te.RunCancelled(
+            model_id=model_id, reason=draw(st.sampled_from(["cancelled", "diverged"])), by=draw(st.sampled_from(["owner", "operator"]))
+        )
+        at = draw(st.integers(1, len(stream.events)))
+        stream.add(te.RUN_CANCELLED, payload)  # its time and id come from the end of the stream...
+        stream.events.insert(at, stream.events.pop())  # ...then it moves to its place
+    # times and ids must still increase along the stream, as the log's would
+    stream.events = [event.model_copy(update={"id": f"{model_id}#{i}", "time": T0 + timedelta(seconds=stream.number * 100_000 + i)})
+                     for i, event in enumerate(stream.events)]  # fmt: skip
+
+
+@st.composite
+def fork_stream(draw, tenant: str, parent_id: str, step: int, parent_seq_id: int, numbers) -> Stream:
+    """A fork of `parent_id` after `step` completed optim_steps: its own session and run,
+    keyed by the fork's id; built (the completion carries its weights/ checkpoint), failed,
+    or left open; sometimes cancelled while being built or after."""
+    number = next(numbers)
+    model_id = f"fork-{number}:train:0"
+    stream = Stream(tenant, model_id, number)
+    name = f"forked-at-step-{step}"
+    checkpoint = CheckpointSaved(run_id=model_id, kind="weights", name=name, files={"adapter": ref(f"fork-{number}")})
+    payload = te.ForkRequested(
+        request_id=f"{model_id}/fork", model_id=model_id, session_id=f"fork-{number}", parent_id=parent_id, step=step,
+        parent_seq_id=parent_seq_id, base_model=BASE, lora_config=LoraConfig(rank=4), project_id=draw(st.sampled_from([None, "p1"])),
+        checkpoint_name=name,
+    )  # fmt: skip
+    draw(lifecycle(stream, te.FORK, payload, {"checkpoint": checkpoint}))
+    if draw(st.booleans()):
+        draw(cancel(stream))
+    return stream
 
 
 @st.composite
@@ -259,10 +313,12 @@ def fold(store: EventStore, events: list[Event]) -> dict[str, list]:
     return {"stored event ids": stored, **tables}
 
 
-@settings(max_examples=15)
+@settings(max_examples=60, deadline=None)
 @given(histories().flatmap(lambda streams: st.tuples(st.just(streams), interleaving(streams))))
 def test_any_interleaving_of_the_streams_folds_to_one_result(fresh_store, drawn):
     streams, merged = drawn
     in_order = fold(fresh_store(), [event for stream in streams for event in stream])
     assert in_order["futures"] and in_order["training_runs"]  # the histories are not empty
+    events = {event.type for stream in streams for event in stream}
+    note(f"cancelled: {te.RUN_CANCELLED in events}, forked: {te.FORK['requested'] in events}")
     assert fold(fresh_store(), merged) == in_order

@@ -54,7 +54,8 @@ def _create_model(ctx: GatewayContext, tenant: str, raw: bytes) -> UntypedAPIFut
         model_id=model_id,
         model_seq_id=body.model_seq_id,
         base_model=body.base_model,
-        lora_config=body.lora_config,
+        # a full run may come without one (its description says so): the event keeps a placeholder
+        lora_config=body.lora_config or LoraConfig(),
         user_metadata=body.user_metadata,
         optimizer_config=_check_optimizer(body.optimizer_config),
         full_finetune=full,

@@ -12,8 +12,8 @@ or the `Last-Event-ID` header, which browsers send when they reconnect), then ne
 the store gets them. Completions wake the stream at once (the long-polls' wake-up); events
 the gateway itself stores (requests, cancellation) are picked up by a poll every
 `POLL_SECONDS`, which also covers events another replica stored. Every read runs in the
-thread pool, never on the event loop. A stream ends after `STREAM_SECONDS` (the client
-reconnects where it left off), so one never holds a server that is shutting down longer
+thread pool, never on the event loop. A stream ends after `event_stream_seconds` (a setting,
+25 s by default; the client reconnects where it left off), so one never holds a server that is shutting down longer
 than a long-poll does; a comment line keeps idle proxies from closing it before that.
 
 `GET /runs/{id}/sampling` is the run's sampling throughput. `steps`: per completed optim_step
@@ -43,10 +43,10 @@ from functions.gateway.deps import Caller, get_caller, get_ctx
 from functions.gateway.routes.openrl_runs import PREFIX, iso, require_visible_run, seconds, views
 from openrl_core import sampling_rate
 from openrl_core.errors import InvalidRequest
+from openrl_core.wire.futures import MAX_POSITION
 
 router = APIRouter(prefix=PREFIX)
 POLL_SECONDS = 1.0
-STREAM_SECONDS = 25.0
 KEEPALIVE_SECONDS = 10.0
 BATCH = 200
 MAX_HISTORY = 1000
@@ -100,11 +100,11 @@ def event_json(ctx: GatewayContext, tenant: str, row) -> dict[str, Any]:
 
 def _start_position(after: Optional[int], last_event_id: Optional[str]) -> Optional[int]:
     if last_event_id is not None:
-        if not (last_event_id.isascii() and last_event_id.isdigit()):
+        if not (last_event_id.isascii() and last_event_id.isdigit() and int(last_event_id) <= MAX_POSITION):
             raise InvalidRequest(f"Last-Event-ID must be an event position (a whole number), got {last_event_id[:40]!r}")
         return int(last_event_id)
-    if after is not None and after < 0:
-        raise InvalidRequest(f"after must be 0 or more, got {after}")
+    if after is not None and not 0 <= after <= MAX_POSITION:  # store positions are 64-bit integers
+        raise InvalidRequest(f"after must be between 0 and {MAX_POSITION}, got {after}")
     return after
 
 
@@ -140,7 +140,7 @@ async def run_events(
         return [event_json(ctx, tenant, r) for r in store.run_events(tenant, keys(), position, BATCH)]
 
     async def stream() -> AsyncIterator[str]:
-        deadline = time.monotonic() + STREAM_SECONDS
+        deadline = time.monotonic() + ctx.settings.event_stream_seconds
         quiet_since = time.monotonic()
         yield f"retry: {int(POLL_SECONDS * 1000)}\n\n"
         with ctx.waiters.watch_all() as woken:

@@ -38,6 +38,7 @@ from functions.gateway.deps import Caller, get_caller, get_ctx
 from functions.gateway.routes.checkpoints import utcnow
 from functions.gateway.submit import training_stream
 from openrl_core.errors import Conflict, InvalidRequest, NotFound
+from openrl_core.wire.futures import MAX_POSITION
 from openrl_core.events import new_event
 from openrl_core.events.training import RUN_CANCELLED, RunCancelled
 
@@ -164,8 +165,8 @@ def run_metrics(
     run_id: str, after_step: int = 0, ctx: GatewayContext = Depends(get_ctx), caller: Caller = Depends(get_caller)
 ) -> StreamingResponse:
     require_visible_run(ctx, caller, run_id)
-    if after_step < 0:
-        raise InvalidRequest(f"after_step must be 0 or more, got {after_step}")
+    if not 0 <= after_step <= MAX_POSITION:  # a bound the store's 64-bit integers set
+        raise InvalidRequest(f"after_step must be between 0 and {MAX_POSITION}, got {after_step}")
     rows = views(ctx).steps(run_id, after=after_step)
 
     def lines() -> Iterator[str]:
@@ -182,9 +183,10 @@ def cancel_run(
     ctx: GatewayContext = Depends(get_ctx),
     caller: Caller = Depends(get_caller),
 ) -> dict:
-    reason = (body or {}).get("reason") or "cancelled"
-    if not isinstance(reason, str) or len(reason) > 500:
+    reason = (body or {}).get("reason")
+    if reason is not None and (not isinstance(reason, str) or len(reason) > 500):  # 0 or false is no reason either
         raise InvalidRequest("reason must be a string of at most 500 characters")
+    reason = reason or "cancelled"
     row = require_visible_run(ctx, caller, run_id)
     if row.state == "cancelled":
         raise Conflict(f"training run {run_id!r} is already cancelled (at {iso(row.cancelled_at)})")

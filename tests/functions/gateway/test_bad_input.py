@@ -188,3 +188,44 @@ def test_sample_input_checks(api):
         before = snapshot(runtime)
         assert_clear_4xx(call(client, "/api/v1/asample", {**base, **change}), 400, fragment)
         assert snapshot(runtime) == before
+
+
+def test_numbers_past_int64_are_a_400_not_a_500(api):
+    """JSON integers have no bound; numpy arrays and the store's columns do (the fuzz run found
+    each of these a 500): a token, a tensor value, shape or index, a cursor or a position past
+    64 bits is a 400 that says so."""
+    client, runtime = api
+    session_id, model_id = session_and_model(client)
+    huge = 2**70
+    datum = {"model_input": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]},
+             "loss_fn_inputs": {"target_tokens": {"data": [2, 3, 4], "dtype": "int64"}, "weights": {"data": [1.0, 1.0, 1.0], "dtype": "float32"}}}  # fmt: skip
+    bad_data = [
+        {**datum, "model_input": {"chunks": [{"type": "encoded_text", "tokens": [1, huge, 3]}]}},
+        {**datum, "loss_fn_inputs": {**datum["loss_fn_inputs"], "target_tokens": {"data": [2, huge, 4], "dtype": "int64"}}},
+        {**datum, "loss_fn_inputs": {**datum["loss_fn_inputs"], "target_tokens": {"data": [2.0, 9.3e18, 4.0], "dtype": "int64"}}},
+        {**datum, "loss_fn_inputs": {**datum["loss_fn_inputs"], "weights": {"data": [1.0, 1e39, 1.0], "dtype": "float32"}}},
+        {**datum, "loss_fn_inputs": {**datum["loss_fn_inputs"], "weights": {"data": [1.0], "dtype": "float32", "shape": [1, huge],
+                                                                          "sparse_crow_indices": [0, 1], "sparse_col_indices": [huge]}}},  # fmt: skip
+    ]
+    for seq_id, data in enumerate(bad_data, start=1):
+        body = {"model_id": model_id, "seq_id": seq_id, "forward_backward_input": {"data": [data], "loss_fn": "cross_entropy"}}
+        assert_clear_4xx(call(client, "/api/v1/forward_backward", body), 400, "outside")
+    before = snapshot(runtime)
+    target = {"sampling_session_id": f"{session_id}:sample:0"}
+    assert_clear_4xx(call(client, "/api/v1/retrieve_futures", {"target": target, "prev_cursor": huge}), 400, "prev_cursor")
+    runs = "/api/openrl/v1/runs/" + model_id
+    headers = {"X-API-Key": ALICE}
+    assert_clear_4xx(client.get(f"{runs}/events?after={huge}", headers=headers), 400, "after must be between")
+    assert_clear_4xx(client.get(f"{runs}/events", headers={**headers, "Last-Event-ID": str(huge)}), 400, "Last-Event-ID")
+    assert_clear_4xx(client.get(f"{runs}/metrics?after_step={huge}", headers=headers), 400, "after_step")
+    assert snapshot(runtime) == before
+
+
+def test_a_cancel_reason_that_is_not_a_string_is_refused(api):
+    client, runtime = api
+    _, model_id = session_and_model(client)
+    before = snapshot(runtime)
+    for reason in (0, False, [], 7):  # a falsy one was once taken as no reason (found by the fuzz run)
+        answer = client.post(f"/api/openrl/v1/runs/{model_id}/cancel", json={"reason": reason}, headers={"X-API-Key": ALICE})
+        assert_clear_4xx(answer, 400, "reason must be a string")
+    assert snapshot(runtime) == before

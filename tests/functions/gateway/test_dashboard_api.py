@@ -34,9 +34,9 @@ OPERATOR = "tml-rest-operator"
 
 
 @pytest.fixture
-def short_streams(monkeypatch):
+def short_streams(monkeypatch, rest):
     # The test client hands a streamed body over only once the stream ends.
-    monkeypatch.setattr(openrl_live, "STREAM_SECONDS", 0.5)
+    monkeypatch.setattr(rest.ctx.settings, "event_stream_seconds", 0.5)
     monkeypatch.setattr(openrl_live, "POLL_SECONDS", 0.1)
     return monkeypatch
 
@@ -76,13 +76,13 @@ def test_a_runs_stream_sends_its_history_resumes_and_follows(rest, short_streams
     assert sse(rest.request("GET", f"{API}/runs/{run}/events?after={positions[-1]}").text) == []
 
     # An event stored while the stream is open arrives on it; history=0 sends none of the past.
-    short_streams.setattr(openrl_live, "STREAM_SECONDS", 2.5)
+    short_streams.setattr(rest.ctx.settings, "event_stream_seconds", 2.5)
     later = threading.Timer(0.3, lambda: rest.save(run, "late"))
     later.start()
     started = time.monotonic()
     live = sse(rest.request("GET", f"{API}/runs/{run}/events?history=0").text)
     later.join()
-    assert 2.4 < time.monotonic() - started < 15  # the stream ended by itself, at STREAM_SECONDS
+    assert 2.4 < time.monotonic() - started < 15  # the stream ended by itself, at event_stream_seconds
     assert [e["name"] for e in live] == ["training.save_weights.requested", "training.save_weights.completed"]
     assert live[0]["position"] > positions[-1]
 
@@ -96,7 +96,7 @@ def test_a_completion_wakes_an_open_stream_long_before_its_poll(rest, monkeypatc
     from functions.local_server import free_port
 
     monkeypatch.setattr(openrl_live, "POLL_SECONDS", 60.0)
-    monkeypatch.setattr(openrl_live, "STREAM_SECONDS", 120.0)
+    monkeypatch.setattr(rest.ctx.settings, "event_stream_seconds", 120.0)
     run = rest.model(rest.session())
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(rest.client.app, host="127.0.0.1", port=port, log_level="warning"))
@@ -134,7 +134,7 @@ def test_a_completion_wakes_an_open_stream_long_before_its_poll(rest, monkeypatc
 
 def test_a_stream_refuses_bad_positions_clearly(rest, short_streams):
     run = rest.model(rest.session())
-    assert_clear_4xx(rest.request("GET", f"{API}/runs/{run}/events?after=-1"), 400, "after must be 0 or more")
+    assert_clear_4xx(rest.request("GET", f"{API}/runs/{run}/events?after=-1"), 400, "after must be between 0 and")
     assert_clear_4xx(rest.request("GET", f"{API}/runs/{run}/events?history=5000"), 400, "history must be between 0 and 1000")
     bad_id = rest.request("GET", f"{API}/runs/{run}/events", headers={"Last-Event-ID": "12abc"})
     assert_clear_4xx(bad_id, 400, "Last-Event-ID must be an event position")

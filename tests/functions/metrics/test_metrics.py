@@ -5,6 +5,7 @@ HTTP path. Values are read back from the served Prometheus text, as a scraper wo
 from __future__ import annotations
 
 import asyncio
+import socket
 import urllib.request
 from datetime import timedelta
 
@@ -18,6 +19,7 @@ from eventing.codec import Codec
 from eventing.embedded_log import EmbeddedLog
 from functions.metrics import Metrics, MetricsService, new
 from functions.metrics.state import BUCKETS
+from openrl_core.settings import Settings
 from tests.functions.audit.scenario import BASE, T0, Stream
 
 CHECKPOINT_NEVER = 3600.0  # tests save explicitly
@@ -257,6 +259,24 @@ def test_metrics_are_served_over_http(rig, tmp_path):
         served = scrape(answer.read())
     assert value(served, "openrl_requests_total", **req("forward_backward")) == 3
     svc.close()
+
+
+def test_metrics_bind_to_metrics_host_not_the_gateways_host(rig, tmp_path):
+    """/metrics needs no key: it listens where `metrics_host` says (loopback by default), even
+    when the gateway's `host` is every address."""
+    log, codec, _ = rig
+    assert Settings(data_dir=tmp_path, host="0.0.0.0").metrics_host == "127.0.0.1"
+    settings = Settings(data_dir=tmp_path, host="0.0.0.0", metrics_host="127.0.0.2", metrics_port=0)
+    svc = MetricsService.from_settings(log, codec, settings)
+    port = svc.serve_http()
+    try:
+        assert svc._server.server_address[:2] == ("127.0.0.2", port)
+        with urllib.request.urlopen(f"http://127.0.0.2:{port}/metrics", timeout=5) as answer:
+            assert answer.status == 200 and b"openrl_" in answer.read()
+        with pytest.raises(OSError):  # nothing on the gateway's addresses (127.0.0.1 is one of 0.0.0.0's)
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    finally:
+        svc.close()
 
 
 def test_tenants_are_counted_apart(rig, tmp_path):
