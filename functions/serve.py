@@ -111,6 +111,7 @@ class Node:
                 kinds=tuple(trainer_kinds), only_model=only_model, serving_dtype=settings.serving_dtype,
                 delta_full_every=settings.delta_full_every, delta_max_share=settings.delta_max_share,
                 pack=settings.trainer_packing, pack_linger=settings.trainer_pack_linger_ms / 1000, pack_max_tokens=settings.trainer_pack_max_tokens,
+                cohort_wait=settings.trainer_cohort_wait_ms / 1000,
                 pack_max_rows=settings.trainer_pack_max_rows,
                 pack_max_shared_bytes=settings.trainer_pack_max_shared_mib << 20,
                 release_memory=settings.release_host_memory,
@@ -130,6 +131,7 @@ class Node:
                 settings.sampler_max_batch_rows, settings.sampler_max_adapters, base_models=base_models,
                 instance_id=self._instance_id("sampler"), max_full_models=settings.sampler_max_full_models,
                 share_base=settings.share_base_weights, release_memory=settings.release_host_memory,
+                cohort_wait=settings.sampler_cohort_wait_ms / 1000,
                 max_run_versions=settings.sampler_versions_kept,
                 **engine_options(settings),
             )  # fmt: skip

@@ -212,6 +212,14 @@ class Settings(BaseSettings):
         5.0, ge=0, description="while several LoRA models train, how long the trainer waits for more requests to "
         "share a pass (0: no packing wait)",
     )
+    trainer_cohort_wait_ms: float = Field(
+        100.0, ge=0, description="while several LoRA models train, how long a pass waits for requests of the models "
+        "active lately that have none in it yet (it stops once each has one; see openrl_core.cohort)",
+    )
+    sampler_cohort_wait_ms: float = Field(
+        100.0, ge=0, description="while several runs sample, how long a sampler batch waits for the runs active lately "
+        "that have no request in it yet (it stops once each has one; see openrl_core.cohort)",
+    )
     trainer_pack_max_tokens: int = Field(
         8192, ge=16, description="padded tokens one trainer pass may hold (several models' requests share passes)"
     )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict, defaultdict
 from typing import Optional
 
@@ -28,6 +29,7 @@ from functions.sampler.full_runs import FullRunCopies
 from functions.sampler.types import SampleJob, SampleResult
 from functions.timeslicer.client import TimeslicerClient
 from functions.timeslicer.setup import device_name, private
+from openrl_core.cohort import Cohort
 from openrl_core.errors import OpenRLError
 from openrl_core.events import Event, new_event
 from openrl_core.events.lifecycle import RequestCompleted, RequestFailed
@@ -51,6 +53,7 @@ class SamplerWorker:
         max_adapters: int = 16,
         max_run_versions: int = 4,
         linger: float = 0.02,
+        cohort_wait: float = 0.1,
         group: str = "openrl-sampler",
         base_models: Optional[list[str]] = None,
         instance_id: Optional[str] = None,
@@ -73,6 +76,8 @@ class SamplerWorker:
         self.max_adapters = max_adapters
         self.max_run_versions = max_run_versions
         self.linger = linger
+        self.cohort_wait = cohort_wait  # see run_once
+        self.cohort = Cohort()
         # Base engines read the base weights only, so in one process they serve the trainer's
         # frozen copy (`shared_weights`); full runs' copies are written by weight sync and never share.
         self.share_base = share_base
@@ -110,34 +115,27 @@ class SamplerWorker:
 
     def run_once(self, timeout: float = 1.0) -> int:
         records = self.consumer.poll(max_records=self.max_batch_rows, timeout=timeout)
+        events = self._decode(records)
         # Requests a client sends together reach the log a few milliseconds apart; waiting a
-        # moment for the rest turns them into one batch instead of one batch each.
+        # moment for the rest turns them into one batch instead of one batch each. While
+        # several runs sample (RL loops side by side), the batch also waits, up to
+        # `cohort_wait`, for the runs active lately that have no request in it yet
+        # (`openrl_core.cohort`): their samples share the decoding steps almost for free.
+        deadline = time.monotonic() + self.cohort_wait
         while records and len(records) < self.max_batch_rows:
-            more = self.consumer.poll(max_records=self.max_batch_rows - len(records), timeout=self.linger)
-            if not more:
+            now = time.monotonic()
+            waiting = self.cohort.waits(self._members(events), now, deadline)
+            more = self.consumer.poll(max_records=self.max_batch_rows - len(records), timeout=(deadline - now) if waiting else self.linger)
+            if not more and not waiting:
                 break
             records += more
-        requested: list[Event] = []
-        cancelled: set[str] = set()
-        for record in records:
-            try:
-                event = self.publisher.codec.decode(record.message)
-            except Exception:
-                log.exception("sampler: undecodable record %s/%s@%s skipped", record.topic, record.partition, record.offset)
-                continue
-            if event.type == SAMPLE["requested"]:
-                requested.append(event)
-            elif event.type == SAMPLE_CANCEL_REQUESTED:
-                cancelled.add(event.data.request_id)
-        by_model: dict[str, list[Event]] = defaultdict(list)
-        for event in requested:
-            if event.data.request_id in cancelled:
-                self._cancel(event)
-            else:
-                by_model[event.data.base_model].append(event)
-        for base_model, events in by_model.items():
-            self._sample(base_model, events)
-        if by_model:
+            events += self._decode(more)
+        self._late: list[Event] = []
+        sampled = self._dispatch(events)
+        while self._late:  # what arrived while a batch waited for its turn and did not join it
+            late, self._late = self._late, []
+            sampled = self._dispatch(late) or sampled
+        if sampled:
             self._memory_to_release = True
         elif not records and self._memory_to_release and self.release_memory:
             host_memory.release()  # idle: see the trainer's run_once for why not after every batch
@@ -148,6 +146,67 @@ class SamplerWorker:
             # (its first completion wins); the next batch need not sit through an fsync.
             self.consumer.commit(wait=False)
         return len(records)
+
+    def _dispatch(self, events: list[Event]) -> bool:
+        """Cancel, fail or sample each request (one batch per base model); True if any ran."""
+        requested: list[Event] = []
+        cancelled: set[str] = set()
+        for event in events:
+            if event.type == SAMPLE["requested"]:
+                requested.append(event)
+            elif event.type == SAMPLE_CANCEL_REQUESTED:
+                cancelled.add(event.data.request_id)
+        by_model: dict[str, list[Event]] = defaultdict(list)
+        for event in requested:
+            if event.data.request_id in cancelled:
+                self._cancel(event)
+            else:
+                by_model[event.data.base_model].append(event)
+        for base_model, batch in by_model.items():
+            self._sample(base_model, batch)
+        return bool(by_model)
+
+    def _late_joiners(self, engine, base_model: str, in_use: set[str]):
+        """A function that, called once the batch holds its turn, takes the sample requests
+        for this base model's own weights that reached the log while it waited for the device
+        (the trainer's turn, say) and returns them as jobs of the batch; whatever else it
+        polled waits in `_late` for the next dispatch. Requests that pile up behind a busy
+        accelerator thus run in the batch that was waiting anyway, not in one right after it."""
+        canonical = self.models.canonical(base_model)
+
+        def join() -> list[tuple[Event, SampleJob]]:
+            joined = []
+            for event in self._decode(self.consumer.poll(max_records=self.max_batch_rows, timeout=0)):
+                own = event.type == SAMPLE["requested"] and event.data.weights is None
+                if not own or self.models.canonical(event.data.base_model) != canonical:
+                    self._late.append(event)
+                    continue
+                try:
+                    job = self._job(engine, base_model, event, in_use)
+                    engine.validate(job)
+                    joined.append((event, job))
+                except Exception as exc:
+                    self._fail(event, exc)
+            return joined
+
+        return join
+
+    def _decode(self, records) -> list[Event]:
+        events, now = [], time.monotonic()
+        for record in records:
+            try:
+                event = self.publisher.codec.decode(record.message)
+            except Exception:
+                log.exception("sampler: undecodable record %s/%s@%s skipped", record.topic, record.partition, record.offset)
+                continue
+            if event.type == SAMPLE["requested"]:
+                self.cohort.saw(_member(event), now)
+            events.append(event)
+        return events
+
+    @staticmethod
+    def _members(events: list[Event]) -> set[str]:
+        return {_member(event) for event in events if event.type == SAMPLE["requested"]}
 
     def engine(self, base_model: str):
         key = self.models.canonical(base_model)  # an alias shares its target's base weights
@@ -194,16 +253,20 @@ class SamplerWorker:
                 self._fail(event, exc)
         for run_key, jobs in groups.items():
             if run_key is None:
-                self._run(self._base_job(self.models.canonical(base_model)), lambda: engine, jobs)
+                join = self._late_joiners(engine, base_model, in_use)
+                self._run(self._base_job(self.models.canonical(base_model)), lambda: engine, jobs, join)
             else:
                 self._run_full(base_model, run_key, manifests[run_key], jobs, keep=set(groups) - {None})
 
-    def _run(self, job_name: str, prepare, jobs: list[tuple[Event, SampleJob]]) -> None:
-        """One batched generation in a turn of `job_name`; `prepare()` gives the engine."""
+    def _run(self, job_name: str, prepare, jobs: list[tuple[Event, SampleJob]], join=None) -> None:
+        """One batched generation in a turn of `job_name`; `prepare()` gives the engine, and
+        `join()`, if given, the late requests that join the batch once the turn is held."""
         try:
             with self.slicer.turn(job_name) as turn:
                 with self._state:
                     engine = prepare()
+                    if join is not None:
+                        jobs = jobs + join()
                     results = engine.sample([job for _event, job in jobs])
                 lease = turn.lease_id
         except Exception as exc:
@@ -333,6 +396,12 @@ class SamplerWorker:
             type_, payload, tenant=request.tenant, source=SOURCE, key=request.key, subject=payload.request_id, lease=lease
         )
         return topics.topic(request.tenant, "completions"), reply, None
+
+
+def _member(event: Event) -> str:
+    """Who a sample belongs to for the cohort: its training run (an RL loop samples each
+    step from a new sampling session of the same run), else its sampling session."""
+    return event.data.run_id or event.data.sampling_session_id
 
 
 def engine_options(settings) -> dict:

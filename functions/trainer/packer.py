@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from functions.timeslicer.client import Fenced
 from functions.trainer.recovery import position
+from openrl_core.cohort import Cohort
 from openrl_core.datum import validate_batch
 from openrl_core.events import training as te
 from openrl_core.events.lifecycle import RequestCompleted
@@ -34,27 +35,24 @@ ACTIVE_SECONDS = 10.0  # a model counts as active this long after its last reque
 
 
 class Packer:
-    def __init__(self, worker: "TrainerWorker", linger: float, enabled: bool = True) -> None:
+    def __init__(self, worker: "TrainerWorker", linger: float, cohort_wait: float = 0.0, enabled: bool = True) -> None:
         self.worker = worker
         self.linger = linger
+        self.cohort_wait = cohort_wait
         self.enabled = enabled
-        self._last_seen: dict[str, float] = {}  # LoRA model -> when a request of it last arrived
+        self.cohort = Cohort(ACTIVE_SECONDS)  # the LoRA models that sent requests lately
 
     def saw(self, model_id: str) -> None:
         slot = self.worker.slots.get(model_id)
         if slot is not None and not slot.full:
-            self._last_seen[model_id] = time.monotonic()
+            self.cohort.saw(model_id, time.monotonic())
 
     def forget(self, model_id: str) -> None:
-        self._last_seen.pop(model_id, None)
+        self.cohort.forget(model_id)
 
     def should_linger(self) -> bool:
         """Wait a moment for more requests only while several LoRA models are training."""
-        if self.linger <= 0:
-            return False
-        horizon = time.monotonic() - ACTIVE_SECONDS
-        self._last_seen = {m: t for m, t in self._last_seen.items() if t >= horizon}
-        return len(self._last_seen) >= 2
+        return (self.linger > 0 or self.cohort_wait > 0) and len(self.cohort.active(time.monotonic())) >= 2
 
     def take(self, ready: dict[str, list]) -> dict[str, list]:
         """Remove the packable leading requests from `ready`: base model -> [(model, items)],
@@ -80,7 +78,13 @@ class Packer:
                 ready[model_id] = ready[model_id][count:]
         return packs
 
-    def run(self, base: str, members: list) -> None:
+    def run(self, base: str, members: list, follow: dict[str, list]) -> None:
+        """The members' leading requests as shared passes; then, in the same turn, what each
+        member has ready after them (`follow`, taken out of it, and what arrived during the
+        pass): its optim_step and save, whose answers are published together. The models of a pass then finish their step together,
+        so their next requests (the samples of RL loops) reach the sampler together too,
+        instead of one model's step ending while the others wait a turn each behind the
+        sampler."""
         worker = self.worker
         items = [(model_id, record, event) for model_id, ready in members for _seq, (record, event) in ready]
         for model_id, record, _event in items:
@@ -90,7 +94,6 @@ class Packer:
         engine = worker.engine(base)
         files = worker.models.files(base)
         from functions.trainer.engine import PackRequest
-        from functions.trainer.worker import with_started
 
         requests, checked = [], []
         for model_id, _record, event in items:
@@ -116,6 +119,16 @@ class Packer:
                     results = engine.forward_backward_many(requests)
                     computed = True
                 lease = turn.confirm()
+                self._publish(checked, results, started, lease)
+                # Their answers go out together at the end of the turn: the models finish their
+                # step at one moment, so their next requests arrive together as well.
+                answers: list = []
+                worker.absorb()  # what the SDKs sent after the pass's requests (optim_step, save) came meanwhile
+                try:
+                    for model_id in models:
+                        worker._run_ready(follow.pop(model_id, []) + worker._ready.pop(model_id, []), turn, answers)
+                finally:
+                    worker.publisher.publish_many(answers)
         except Fenced as fenced:
             # The models changed hands (a replacement worker with this identity): drop them,
             # publish nothing; the replacement replays these requests.
@@ -133,7 +146,13 @@ class Packer:
             for _model_id, ready in members:
                 worker._run_ready(ready)
             return
-        replies = []
+        log.debug("trainer: packed %d requests of %d models on %s", len(requests), len(models), base)
+
+    def _publish(self, checked: list, results: list, started: datetime, lease) -> None:
+        """The pass's answers, in one append."""
+        from functions.trainer.worker import with_started
+
+        worker, replies = self.worker, []
         for event, result in zip(checked, results):
             if isinstance(result, Exception):
                 worker._fail(event, result)
@@ -141,6 +160,5 @@ class Packer:
                 outcome = with_started(worker.forward_backward_result(result, event.data), started)
                 payload = RequestCompleted(request_id=event.data.request_id, **outcome)
                 replies.append(worker.reply(event, "completed", payload, lease))
-        worker.publisher.publish_many(replies)  # the pass's answers in one append
-        log.debug("trainer: packed %d requests of %d models on %s", len(requests), len(models), base)
+        worker.publisher.publish_many(replies)
 

@@ -80,6 +80,7 @@ class TrainerOptions:
     delta_max_share: float = 0.5
     pack: bool = True  # several LoRA models' forward_backward requests share passes
     pack_linger: float = 0.005  # seconds a poll waits for more requests while several LoRA models train
+    cohort_wait: float = 0.1  # and at most this long for the models active lately that sent nothing yet
     pack_max_tokens: int = 8192  # padded tokens in one pass (see openrl_core.packing)
     pack_max_rows: int = 256
     pack_max_shared_bytes: int = 1 << 30  # estimated activations of a pass several models share
@@ -126,7 +127,7 @@ class TrainerWorker:
         self._lost: set[str] = set()
         self._cancelled: set[str] = set()  # runs cancelled: their state is dropped, their events ignored
         self._state = threading.Lock()  # compute, parking and restoring of any model
-        self.packer = Packer(self, options.pack_linger if options.pack else 0.0, enabled=options.pack)
+        self.packer = Packer(self, options.pack_linger if options.pack else 0.0, options.cohort_wait if options.pack else 0.0, enabled=options.pack)
         self._ready: dict[str, list] = {}
         self._fair: FairQueue = FairQueue()  # this loop's turns not yet run
         self._handlers: dict[str, Callable[[Event], dict]] = {
@@ -154,11 +155,15 @@ class TrainerWorker:
         records = self.consumer.poll(max_records=64, timeout=timeout)
         if records and self.packer.should_linger():
             # Several LoRA models are training: a moment more gathers their requests into
-            # shared passes (the SDKs send them a few milliseconds apart).
-            deadline = time.monotonic() + self.packer.linger
-            while (remaining := deadline - time.monotonic()) > 0:
-                more = self.consumer.poll(max_records=64, timeout=remaining)
-                if not more:
+            # shared passes. The SDKs send them a few milliseconds apart (`linger`), and the
+            # models active lately that have nothing here yet may be a few tens of
+            # milliseconds behind (`cohort_wait`, which ends once each has sent).
+            deadline = time.monotonic() + self.packer.cohort_wait
+            while True:
+                now = time.monotonic()
+                waiting = self.packer.cohort.waits({r.message.key.decode() for r in records if r.message.key}, now, deadline)
+                more = self.consumer.poll(max_records=64, timeout=(deadline - now) if waiting else self.packer.linger)
+                if not more and not waiting:
                     break
                 records += more
         # Everything of a model that this poll makes ready runs in one turn of its job (a
@@ -170,7 +175,10 @@ class TrainerWorker:
             self._receive(record)
         ready, self._ready = self._ready, {}
         for base, members in self.packer.take(ready).items():
-            self.packer.run(base, members)
+            self.packer.run(base, members, ready)
+        for model_id, items in self._ready.items():  # what a packed turn took in and left
+            ready.setdefault(model_id, []).extend(items)
+        self._ready = {}
         self._run_fairly(ready)
         if ready:
             self._memory_to_release = True
@@ -267,21 +275,27 @@ class TrainerWorker:
                 for _seq, (record, _event) in items:
                     self.offsets.release(record.topic, record.partition, record.offset)
             if len(fair):
-                for record in self.consumer.poll(max_records=64, timeout=0):
-                    self.offsets.polled(record)
-                    self._receive(record)
+                self.absorb()
                 arrived, self._ready = self._ready, {}
                 enqueue(arrived)
                 if time.monotonic() >= deadline:
                     self._settle(True)
                     deadline = time.monotonic() + ABSORB_SECONDS
 
+    def absorb(self) -> None:
+        """Take what reached the log since the last poll into the ready queues, without waiting."""
+        for record in self.consumer.poll(max_records=64, timeout=0):
+            self.offsets.polled(record)
+            self._receive(record)
+
     def _queue(self, model_id: str, ready: list) -> None:
         if ready:
             self._ready.setdefault(model_id, []).extend(ready)
 
-    def _run_ready(self, ready: list) -> None:
-        """A model's ready requests, in seq order, in one turn."""
+    def _run_ready(self, ready: list, turn=None, replies: Optional[list] = None) -> None:
+        """A model's ready requests, in seq order, in one turn (`turn`: one already held that
+        covers its job, as a packed pass's turn does; `replies`: where to leave the answers
+        for the caller to publish, instead of publishing each at once)."""
         items = []
         for seq_id, (record, event) in ready:
             self.offsets.release(record.topic, record.partition, record.offset)
@@ -302,7 +316,7 @@ class TrainerWorker:
 
             items.append((event, self._handlers[event.type], before, after))
         if items:
-            self._execute_all(items[0][0].data.model_id, items)
+            self._execute_all(items[0][0].data.model_id, items, turn, replies)
 
     def _execute(self, event: Event, handler: Callable[[Event], dict], model_id: str, create=None) -> None:
         if create is not None and not self.slicer.registered(self._job(model_id)):
@@ -313,36 +327,47 @@ class TrainerWorker:
                 return
         self._execute_all(model_id, [(event, handler, None, None)])
 
-    def _execute_all(self, model_id: str, items: list) -> None:
-        """Run requests of one model in one turn of its job; emit each one's completion (under
-        the lease confirmed after it) or failure. A failure is its request's alone."""
-        answered = 0
+    def _execute_all(self, model_id: str, items: list, turn=None, replies: Optional[list] = None) -> None:
+        """Run requests of one model in one turn of its job (or in `turn`, held already);
+        emit each one's completion (under the lease confirmed after it) or failure. A failure
+        is its request's alone."""
+        answered = [0]
         try:
-            with self.slicer.turn(self._job(model_id)) as turn:
-                for event, handler, before, after in items:
-                    if before is not None:
-                        before()
-                    try:
-                        with self._state:
-                            started = datetime.now(timezone.utc)
-                            self._ensure_resident(model_id, turn)
-                            outcome = with_started(handler(event), started)
-                            if after is not None:
-                                after()
-                    except Exception as exc:  # reported on its own future
-                        self._fail(event, exc)
-                        answered += 1
-                        continue
-                    lease = turn.confirm()  # outside the state lock: it may wait for a new turn
-                    self._emit(event, "completed", RequestCompleted(request_id=event.data.request_id, **outcome), lease)
-                    answered += 1
+            if turn is None:
+                with self.slicer.turn(self._job(model_id)) as own:
+                    self._run_items(model_id, items, own, answered, replies)
+            else:
+                self._run_items(model_id, items, turn, answered, replies)
         except Fenced as fenced:
             log.error("trainer: %s was taken over by another worker (%s); dropping it here", model_id, fenced.detail)
             self._lost.add(model_id)
             self._forget(model_id)
         except Exception as exc:  # no turn (the timeslicer refused): the unanswered requests say so
-            for event, *_ in items[answered:]:
+            for event, *_ in items[answered[0]:]:
                 self._fail(event, exc)
+
+    def _run_items(self, model_id: str, items: list, turn, answered: list[int], replies: Optional[list] = None) -> None:
+        for event, handler, before, after in items:
+            if before is not None:
+                before()
+            try:
+                with self._state:
+                    started = datetime.now(timezone.utc)
+                    self._ensure_resident(model_id, turn)
+                    outcome = with_started(handler(event), started)
+                    if after is not None:
+                        after()
+            except Exception as exc:  # reported on its own future
+                self._fail(event, exc)
+                answered[0] += 1
+                continue
+            lease = turn.confirm()  # outside the state lock: it may wait for a new turn
+            reply = self.reply(event, "completed", RequestCompleted(request_id=event.data.request_id, **outcome), lease)
+            if replies is None:
+                self.publisher.publish(*reply)
+            else:
+                replies.append(reply)
+            answered[0] += 1
 
     def _fail(self, event: Event, exc: Exception) -> None:
         if isinstance(exc, OpenRLError):
