@@ -17,6 +17,7 @@ writes only the columns it changed, so two processes updating different columns 
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime, timezone
 from typing import Any, Iterable, Optional
 
@@ -34,6 +35,7 @@ TABLES = {
 }
 _PRIMARY = {name: [c.name for c in table.primary_key.columns] for name, table in TABLES.items()}
 _COLUMNS = {name: [c.name for c in table.columns] for name, table in TABLES.items()}
+_COLUMN_SETS = {name: frozenset(columns) for name, columns in _COLUMNS.items()}
 _DATETIMES = {name: [c.name for c in table.columns if isinstance(c.type, DateTime)] for name, table in TABLES.items()}
 
 
@@ -118,6 +120,20 @@ def execute_many(conn: Connection, statement, rows: list[dict]) -> None:
     conn.exec_driver_sql(compiled.sql, compiled.params(rows))
 
 
+@functools.lru_cache(maxsize=256)
+def _top_rows(table: str, column: str, group: str, count: int):
+    """The top row (greatest `column`) of each of `count` groups, one query built once per
+    count with bind parameters b_group_0..: per group a part that walks the primary key
+    backwards to its first row, glued with UNION ALL. (A GROUP BY max() over the groups read
+    every row of each group: a long run's steps, on every training completion.)"""
+    source = TABLES[table]
+    parts = [
+        select(source).where(source.c[group] == bindparam(f"b_group_{i}")).order_by(source.c[column].desc()).limit(1).subquery()
+        for i in range(count)
+    ]
+    return union_all(*(select(part) for part in parts)) if count > 1 else select(parts[0])
+
+
 class Rows:
     """The rows of one transaction on `conn` (see the module docstring)."""
 
@@ -178,18 +194,13 @@ class Rows:
         pending = sorted({v for v in values if v not in tops})
         if not pending:
             return
-        source = TABLES[table]
-        # One "top row of this group" per group, glued with UNION ALL: each part walks the
-        # primary key backwards to its first row. (A GROUP BY max() over the groups read
-        # every row of each group: a long run's steps, on every training completion.)
-        parts = [select(source).where(source.c[group] == value).order_by(source.c[column].desc()).limit(1).subquery() for value in pending]
-        query = union_all(*(select(part) for part in parts)) if len(parts) > 1 else select(parts[0])
+        query = _top_rows(table, column, group, len(pending))
         for value in pending:  # rows this transaction already knows count too
             tops[value] = max(
                 (key for key, row in self._rows[table].items() if row is not None and row[group] == value),
                 key=lambda key: self._rows[table][key][column], default=None,
             )  # fmt: skip
-        for row in self.conn.execute(query):
+        for row in self.conn.execute(query, {f"b_group_{i}": value for i, value in enumerate(pending)}):
             self._remember(table, row)
 
     def _track(self, table: str, key: Key, row: Row) -> None:
@@ -216,7 +227,7 @@ class Rows:
     def insert(self, table: str, *, fresh: bool = False, **values) -> Row:
         """Insert (or replace) a whole row; columns not given are None. `fresh`: the caller
         knows no such row is stored (a step number one past the latest), so none is read."""
-        unknown = set(values) - set(_COLUMNS[table])
+        unknown = values.keys() - _COLUMN_SETS[table]
         if unknown:
             raise KeyError(f"{table} has no columns {sorted(unknown)}")
         row = {column: values.get(column) for column in _COLUMNS[table]}
@@ -224,7 +235,7 @@ class Rows:
         if key not in self._rows[table] and not fresh:
             self.prefetch(table, [key])  # whether the database holds it decides insert or update
         self._rows[table][key] = row
-        self._changed[table][key] = set(_COLUMNS[table])
+        self._changed[table][key] = set(_COLUMN_SETS[table])
         self._track(table, key, row)
         return row
 
