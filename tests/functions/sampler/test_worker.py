@@ -126,3 +126,72 @@ def test_a_runs_superseded_versions_are_dropped_first(tmp_path, tiny_files):
     # run r keeps its two newest versions; run q's only one stays although it is the oldest
     assert [engine.has_adapter(key(v)) for v in (other, versions[1], versions[2], versions[3])] == [True, False, True, True]
     log.close()
+
+
+def sample_calls(worker, monkeypatch) -> list[list[int]]:
+    """Spy on the engine: the number of rows of each batched generation it runs."""
+    engine = worker.engine(TINY_QWEN3)
+    calls: list[list[int]] = []
+    sample = engine.sample
+
+    def spy(jobs):
+        calls.append([job.num_samples for job in jobs])
+        return sample(jobs)
+
+    monkeypatch.setattr(engine, "sample", spy)
+    return calls
+
+
+def test_requests_that_arrive_while_a_batch_waits_for_its_turn_join_it(rig, monkeypatch):
+    """The accelerator is busy (another job's turn) when a batch wants it; the requests that
+    reach the log meanwhile run in that batch once its turn comes, not in one after it."""
+    worker, publisher, completions, codec = rig
+    calls = sample_calls(worker, monkeypatch)
+    turn = worker.slicer.turn
+
+    def busy_device(job, *args, **kwargs):  # what arrives while the turn is being waited for
+        if not calls:
+            send(publisher, request("late-1"))
+            send(publisher, request("late-2", num_samples=3))
+        return turn(job, *args, **kwargs)
+
+    monkeypatch.setattr(worker.slicer, "turn", busy_device)
+    send(publisher, request("first"))
+    done = collect(worker, completions, codec, 3)
+    assert sorted(done) == ["first", "late-1", "late-2"]
+    assert calls == [[2, 2, 3]]  # one generation for all three
+    assert len({done[r].lease for r in done}) == 1
+
+
+def test_a_batch_waits_for_the_runs_active_lately_and_not_when_alone(tmp_path, tiny_files, monkeypatch):
+    import threading
+
+    log = EmbeddedLog(tmp_path / "log.db")
+    codec = Codec(BlobStore(tmp_path / "blobs"))
+    publisher = EventPublisher(log, codec)
+    worker = SamplerWorker(log, publisher, codec.blobs, ModelDirectory(Catalog.from_names([TINY_QWEN3])), cohort_wait=2.0)
+    completions = log.consumer("test", pattern=topics.pattern("completions"))
+    calls = sample_calls(worker, monkeypatch)
+    waits: list[float] = []  # the timeouts of the polls a batch makes after its first
+    poll = worker.consumer.poll
+
+    def timed_poll(max_records=100, timeout=1.0):
+        waits.append(timeout)
+        return poll(max_records=max_records, timeout=timeout)
+
+    monkeypatch.setattr(worker.consumer, "poll", timed_poll)
+    # Alone: run a's request runs at once, though the cohort wait is long.
+    send(publisher, request("a-0").model_copy(update={"run_id": "run-a"}))
+    assert collect(worker, completions, codec, 1)["a-0"].type == SAMPLE["completed"]
+    assert max(waits) <= max(worker.linger, 0.1)  # the usual linger, never the cohort's 2 s
+    # Run b samples too: both are now active. Next, a's request waits for b's, sent later.
+    send(publisher, request("b-0").model_copy(update={"run_id": "run-b"}))
+    collect(worker, completions, codec, 1)
+    calls.clear()
+    send(publisher, request("a-1").model_copy(update={"run_id": "run-a"}))
+    later = threading.Timer(0.3, lambda: send(publisher, request("b-1", num_samples=3).model_copy(update={"run_id": "run-b"})))
+    later.start()
+    done = collect(worker, completions, codec, 2)
+    later.join()
+    assert sorted(done) == ["a-1", "b-1"] and calls == [[2, 3]]  # one batch for both
+    log.close()

@@ -213,3 +213,39 @@ def test_a_cancelled_run_loses_its_state_and_its_waiting_requests(rig):
     assert MODEL_ID not in worker.slots and not worker.slicer.registered(job)
     # The held optim_step no longer pins the committed offset: everything polled can be committed.
     assert worker.offsets.committable() == worker.offsets._next
+
+
+def test_a_packed_pass_runs_its_models_optim_steps_in_the_same_turn_and_answers_them_together(tmp_path, tiny_files):
+    """Three models each send forward_backward then optim_step: the forward_backwards share a
+    pass, and the three optim_steps run in that pass's turn (one lease) and are published in
+    one append after it, so the models finish their step at one moment."""
+    log = EmbeddedLog(tmp_path / "log.db")
+    codec = Codec(BlobStore(tmp_path / "blobs"))
+    publisher = EventPublisher(log, codec)
+    worker = TrainerWorker(log, publisher, codec.blobs, ModelDirectory(Catalog.from_names([TINY_QWEN3])))
+    completions = log.consumer("c", pattern=topics.pattern("completions"))
+    models = [(f"t{i}", f"s{i}:train:0") for i in range(3)]
+    for tenant, model_id in models:
+        payload = te.CreateModelRequested(request_id=f"create-{model_id}", session_id=model_id.split(":")[0], model_id=model_id,
+                                          model_seq_id=0, base_model=TINY_QWEN3, lora_config=LoraConfig(rank=4, seed=1))  # fmt: skip
+        publisher.publish(topics.topic(tenant, "training", TINY_QWEN3), new_event(te.CREATE_MODEL["requested"], payload, tenant=tenant, source="/t", key=model_id))
+    assert len(pump(worker, completions, 3)) == 3
+    for tenant, model_id in models:
+        step = te.ForwardBackwardRequested(request_id=f"fb-{model_id}", model_id=model_id, seq_id=1, loss_fn="cross_entropy", data=[datum()])
+        update = te.OptimStepRequested(request_id=f"opt-{model_id}", model_id=model_id, seq_id=2, adam_params=AdamParams(learning_rate=1e-2))
+        for type_, item in ((te.FORWARD_BACKWARD["requested"], step), (te.OPTIM_STEP["requested"], update)):
+            publisher.publish(topics.topic(tenant, "training", TINY_QWEN3), new_event(type_, item, tenant=tenant, source="/t", key=model_id))
+    appends: list[list[str]] = []
+    publish_many = publisher.publish_many
+
+    def spy(events):
+        appends.append([event.data.request_id for _topic, event, _dedup in events])
+        return publish_many(events)
+
+    publisher.publish_many = spy
+    done = {e.data.request_id: e for e in pump(worker, completions, 6)}
+    assert all(done[f"{kind}-{model_id}"].type.endswith(".completed.v1") for kind in ("fb", "opt") for _t, model_id in models)
+    leases = {done[f"{kind}-{model_id}"].lease for kind in ("fb", "opt") for _t, model_id in models}
+    assert len(leases) == 1 and None not in leases  # one turn for the pass and every optim_step
+    assert sorted(appends[-1]) == sorted(f"opt-{model_id}" for _t, model_id in models)  # answered together
+    log.close()

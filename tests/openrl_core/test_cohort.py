@@ -1,0 +1,47 @@
+"""The cohort rule: wait for the members active lately that are missing, never alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from openrl_core.cohort import Cohort
+
+
+def test_a_cohort_of_one_never_waits():
+    cohort = Cohort(active_seconds=10)
+    cohort.saw("run-a", now=0.0)
+    assert cohort.missing({"run-a"}, now=1.0) == set()
+    assert not cohort.waits({"run-a"}, now=1.0, deadline=5.0)
+
+
+@pytest.mark.parametrize(
+    "present, now, deadline, waits",
+    [
+        ({"a"}, 1.0, 2.0, True),  # b and c active, not here yet, time left
+        ({"a", "b"}, 1.0, 2.0, True),  # c still missing
+        ({"a", "b", "c"}, 1.0, 2.0, False),  # everyone here: stop at once
+        ({"a"}, 2.0, 2.0, False),  # the deadline passed: stop anyway
+        (set(), 1.0, 2.0, True),  # nothing yet but others are active
+    ],
+)
+def test_a_batch_waits_for_missing_members_until_its_deadline(present, now, deadline, waits):
+    cohort = Cohort(active_seconds=10)
+    for member in ("a", "b", "c"):
+        cohort.saw(member, now=0.5)
+    assert cohort.waits(present, now, deadline) is waits
+
+
+def test_members_quiet_for_longer_than_active_seconds_are_no_longer_waited_for():
+    cohort = Cohort(active_seconds=10)
+    cohort.saw("a", now=0.0)
+    cohort.saw("b", now=5.0)
+    assert cohort.missing({"b"}, now=9.0) == {"a"}
+    assert cohort.missing({"b"}, now=10.5) == set()  # a went quiet: b is alone again
+    assert cohort.active(now=10.5) == {"b"}
+    cohort.forget("b")
+    assert cohort.active(now=10.5) == set()
+
+
+def test_active_seconds_must_be_positive():
+    with pytest.raises(ValueError):
+        Cohort(active_seconds=0)
