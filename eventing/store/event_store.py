@@ -24,6 +24,7 @@ from eventing.codec import Codec
 from eventing.dedup import Dedup  # noqa: F401  (re-exported: the store's callers name it from here)
 from eventing.store import projections
 from eventing.store import tables as t
+from eventing.store.finished import FinishedFutures
 from eventing.store.unit_of_work import Rows, execute_many, utc
 from openrl_core.errors import Conflict
 from openrl_core.events import Event
@@ -52,9 +53,11 @@ _STEP_COMPLETIONS = ("ai.openrl.training.forward_backward.completed.v1", "ai.ope
 
 
 class EventStore:
-    def __init__(self, engine: Engine, codec: Codec) -> None:
+    def __init__(self, engine: Engine, codec: Codec, finished_cached: int = 1024) -> None:
         self.engine = engine
         self.codec = codec
+        # Futures finished by this process's transactions, for the long-polls beside them.
+        self.finished = FinishedFutures(finished_cached)
 
     def append(self, event: Event, *, outbox_topic: Optional[str] = None, dedup: Optional[Dedup] = None) -> Appended:
         """Raises Conflict when the submission's identity was used with another body."""
@@ -71,7 +74,7 @@ class EventStore:
         each with its own answer."""
         try:
             with self.engine.begin() as conn:
-                return self._fold_batch(conn, items, raise_conflicts=False)
+                outcomes, finished = self._fold_batch(conn, items, raise_conflicts=False)
         except IntegrityError:
             if len(items) > 1:
                 return [self._append_alone(*item) for item in items]
@@ -80,6 +83,8 @@ class EventStore:
             if raced is None:
                 raise
             return [raced]
+        self.finished.put_many(finished)  # committed: their rows are the store's now
+        return outcomes
 
     def _append_alone(self, event: Event, outbox_topic: Optional[str], dedup: Optional[Dedup]):
         try:
@@ -107,9 +112,10 @@ class EventStore:
         appended one by one, which answers each collision as `append` does."""
         try:
             with self.engine.begin() as conn:
-                outcomes = self._fold_batch(conn, [(event, None, dedup) for event, dedup in events], raise_conflicts=True)
+                outcomes, finished = self._fold_batch(conn, [(event, None, dedup) for event, dedup in events], raise_conflicts=True)
         except IntegrityError:
             return sum(self.append(event, dedup=dedup).stored for event, dedup in events)
+        self.finished.put_many(finished)
         return sum(outcome.stored for outcome in outcomes)
 
     def _fold_batch(self, conn, items, raise_conflicts: bool) -> list:
@@ -138,8 +144,9 @@ class EventStore:
                 outbox_rows.append({"event_id": event.id, "topic": outbox_topic})
         execute_many(conn, _EVENT_INSERT, event_rows)
         execute_many(conn, _OUTBOX_INSERT, outbox_rows)
+        finished = [dict(row) for row in rows.changed("futures")]  # FinishedFutures keeps the terminal ones
         rows.flush()
-        return outcomes
+        return outcomes, finished
 
     def _prefetch(self, rows: Rows, items) -> None:
         """Read, in one query per table, the rows the batch's fold will ask for."""

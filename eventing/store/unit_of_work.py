@@ -260,6 +260,10 @@ class Rows:
             self._rows[table][key] = None
             self._changed[table][key] = set()
 
+    def changed(self, table: str) -> list[Row]:
+        """The rows of `table` this transaction inserted or changed (before `flush`)."""
+        return [row for key in self._changed[table] if (row := self._rows[table][key]) is not None]
+
     def flush(self) -> None:
         """Write back every change: inserts, updates by changed columns, deletes."""
         for table in TABLES:

@@ -80,6 +80,9 @@ async def retrieve_future(request: Request, ctx: GatewayContext = Depends(get_ct
             # Clear before reading, never after: a completion that lands while the store is
             # being read must still end the wait below.
             woken.clear()
+            finished = ctx.store.finished.get(tenant, body.request_id)
+            if finished is not None and finished.kind != "sample":  # a sample's may be Gone: read its session
+                return answer(finished, accept, body.allow_metadata_only, ctx.settings.metadata_only_threshold_bytes)
             done = await blocking(_answer_if_finished, ctx, tenant, body, accept)
             if done is not None:
                 return done
