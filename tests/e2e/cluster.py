@@ -8,8 +8,9 @@ import os
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 from sqlalchemy import create_engine, select
 
@@ -63,6 +64,17 @@ class Cluster:
         for worker in self.workers.values():
             worker.wait_ready()
         return self
+
+    @contextmanager
+    def running(self) -> Iterator["Cluster"]:
+        """Started, and stopped at the end whatever happens; a failure prints every part's log."""
+        try:
+            yield self.start()
+        except BaseException:
+            print(self.logs())
+            raise
+        finally:
+            self.stop()
 
     def start_role(self, role: str, extra_args: Optional[list[str]] = None) -> LocalProcess:
         """The role's process (again); `extra_args` in place of its `role_args`."""

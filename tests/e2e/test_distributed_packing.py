@@ -39,16 +39,9 @@ TEXT = "The quick brown fox jumps over the lazy dog. "
 
 @pytest.fixture
 def cluster(tmp_path, pg_url):
-    cluster = Cluster(
-        tmp_path, pg_url, timeslicer=True, keys=f"alice={KEY},bob={BOB}", role_env={"trainer": {"OPENRL_LOG_LEVEL": "DEBUG"}}
-    )
-    try:
-        yield cluster.start()
-    except Exception:
-        print(cluster.logs())
-        raise
-    finally:
-        cluster.stop()
+    debug = {"trainer": {"OPENRL_LOG_LEVEL": "DEBUG"}}
+    with Cluster(tmp_path, pg_url, timeslicer=True, keys=f"alice={KEY},bob={BOB}", role_env=debug).running() as cluster:
+        yield cluster
 
 
 def batch(tokenizer, repeats: int, loss: str) -> list[types.Datum]:

@@ -28,20 +28,13 @@ pytestmark = [
 
 
 def test_a_vllm_sampler_process_samples_like_a_torch_one(tmp_path, pg_url):
-    cluster = Cluster(tmp_path, pg_url, role_args={"sampler": ["--engine", "vllm"]})
-    try:
-        cluster.start()
+    with Cluster(tmp_path, pg_url, role_args={"sampler": ["--engine", "vllm"]}).running() as cluster:
         got = run_session(cluster.url, KEY)
         cluster.workers["sampler"].stop()
         vllm_log = cluster.workers["sampler"].log_path.read_text()
         torch_sampler = cluster.start_role("sampler", extra_args=["--engine", "torch"]).wait_ready()
         want = run_session(cluster.url, KEY)
         torch_log = torch_sampler.log_path.read_text()[len(vllm_log) :]
-    except Exception:
-        print(cluster.logs())
-        raise
-    finally:
-        cluster.stop()
     assert f"vLLM engine for {MODEL} ready" in vllm_log  # the samples came from vLLM ...
     assert "vLLM engine" not in torch_log and "openrl: sampler" in torch_log  # ... and these from torch
     check_sessions_match(got, want)
