@@ -146,7 +146,7 @@ class Packer:
             for _model_id, ready in members:
                 worker._run_ready(ready)
             return
-        log.debug("trainer: packed %d requests of %d models on %s", len(requests), len(models), base)
+        log.debug("trainer: packed %d requests of %d models on %s (%s)", len(requests), len(models), base, ", ".join(models))
 
     def _publish(self, checked: list, results: list, started: datetime, lease) -> None:
         """The pass's answers, in one append."""

@@ -8,8 +8,9 @@ import os
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 from sqlalchemy import create_engine, select
 
@@ -25,10 +26,12 @@ MODEL = "openrl/tiny-qwen3"
 class Cluster:
     def __init__(
         self, root: Path, database_url: str, snapshot_every: int = 2, timeslicer: bool = False, extra_env: Optional[dict] = None,
-        keys: str = KEYS,
+        keys: str = KEYS, role_args: Optional[dict[str, list[str]]] = None, role_env: Optional[dict[str, dict]] = None,
     ) -> None:
         self.root = root
         self.keys = keys
+        self.role_args = role_args or {}  # more CLI flags of a role (`sampler`: `--engine vllm`)
+        self.role_env = role_env or {}  # more environment of a role's process only (a log level)
         self.database_url = database_url
         self.broker = NoidaBroker(root / "broker").start()
         self.env = {
@@ -62,9 +65,23 @@ class Cluster:
             worker.wait_ready()
         return self
 
-    def start_role(self, role: str) -> LocalProcess:
+    @contextmanager
+    def running(self) -> Iterator["Cluster"]:
+        """Started, and stopped at the end whatever happens; a failure prints every part's log."""
+        try:
+            yield self.start()
+        except BaseException:
+            print(self.logs())
+            raise
+        finally:
+            self.stop()
+
+    def start_role(self, role: str, extra_args: Optional[list[str]] = None) -> LocalProcess:
+        """The role's process (again); `extra_args` in place of its `role_args`."""
         args = ["--base-model", MODEL] if role in ("trainer", "sampler") else []
-        self.workers[role] = LocalProcess(self.data, role, self.keys, args, self.env)
+        args += self.role_args.get(role, []) if extra_args is None else extra_args
+        env = {**self.env, **self.role_env.get(role, {})}
+        self.workers[role] = LocalProcess(self.data, role, self.keys, args, env)
         return self.workers[role]
 
     def start_gateway(self, port: Optional[int] = None) -> LocalServer:

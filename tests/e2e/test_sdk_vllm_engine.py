@@ -5,12 +5,15 @@ the published adapter in one batch, and prompt logprobs; and a full fine-tuning 
 weights reach the sampler as a full checkpoint, then as a delta. Tokens must be identical
 and logprobs within 1e-4 (float32 on both engines).
 
-Skipped only when `.venv-vllm` is absent (`make vllm`; `make test` builds it).
+Skipped only when the vLLM venv (`OPENRL_VLLM_ENV`, else `.venv-vllm`) is absent (`make
+vllm`; `make test` builds it).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import os
+from pathlib import Path
 
 import pytest
 import tinker
@@ -20,12 +23,14 @@ from functions.local_server import LocalServer
 from functions.sampler.vllm_engine import DEFAULT_ENV
 from tests.e2e.conftest import API_KEY
 
+# The venv the servers' engine will use: OPENRL_VLLM_ENV (which they inherit), else .venv-vllm.
+VLLM_ENV = Path(os.environ.get("OPENRL_VLLM_ENV") or DEFAULT_ENV)
 pytestmark = [
     # The vLLM engine starts in ~40 s alone here and over a minute beside another busy
     # test worker; two such starts plus the torch server sessions need more than the default.
     pytest.mark.timeout(900),
     pytest.mark.e2e,
-    pytest.mark.skipif(not (DEFAULT_ENV / "bin" / "python").exists(), reason="no .venv-vllm: run `make vllm`"),
+    pytest.mark.skipif(not (VLLM_ENV / "bin" / "python").exists(), reason=f"no vLLM venv at {VLLM_ENV}: run `make vllm`"),
 ]
 MODEL = "openrl/tiny-qwen3"
 PROMPT = [785, 3974, 13876, 38835, 13, 40, 1079]
@@ -44,8 +49,10 @@ def vllm_server(tmp_path_factory):
         srv.stop()
 
 
-def run_session(url: str) -> dict:
-    service = tinker.ServiceClient(base_url=url, api_key=API_KEY)
+def run_session(url: str, api_key: str = API_KEY) -> dict:
+    """A LoRA run trained 2 steps, then base and adapter greedy samples and the adapter's
+    prompt logprobs, sent together (the distributed suite reuses it)."""
+    service = tinker.ServiceClient(base_url=url, api_key=api_key)
     training = service.create_lora_training_client(base_model=MODEL, rank=4, seed=5).result()
     tokens = PROMPT + [11, 1221, 4128]
     datum = types.Datum(
@@ -74,6 +81,12 @@ def run_session(url: str) -> dict:
 def test_vllm_server_samples_like_the_torch_server(vllm_server, sdk_env):
     got, want = run_session(vllm_server.url), run_session(sdk_env.url)
     assert f"vLLM engine for {MODEL} ready" in vllm_server.log_path.read_text()  # not the torch engine
+    check_sessions_match(got, want)
+
+
+def check_sessions_match(got: dict, want: dict) -> None:
+    """`run_session` on vLLM (`got`) against the torch engine: same greedy tokens, logprobs
+    within TOLERANCE, and the adapter really changes what is sampled."""
     for name in ("base", "tuned"):
         assert len(got[name].sequences) == len(want[name].sequences)
         for g, w in zip(got[name].sequences, want[name].sequences):
