@@ -1,0 +1,40 @@
+"""Finished futures in memory: only terminal rows, only after commit, the tenant's own, bounded."""
+
+from __future__ import annotations
+
+from eventing.store.finished import FinishedFutures
+from openrl_core.events import new_event
+from openrl_core.events import training as te
+from openrl_core.events.lifecycle import RequestCompleted
+from openrl_core.params import AdamParams
+
+
+def row(request_id: str, state: str, tenant: str = "alice") -> dict:
+    return {"request_id": request_id, "tenant": tenant, "state": state, "kind": "optim_step", "result": {"metrics": {}}}
+
+
+def test_only_terminal_rows_are_kept_and_only_for_their_tenant():
+    finished = FinishedFutures(capacity=8)
+    finished.put_many([row("r1", "completed"), row("r2", "pending"), row("r3", "failed", tenant="bob")])
+    assert finished.get("alice", "r1").state == "completed"
+    assert finished.get("alice", "r2") is None  # not finished: the store answers
+    assert finished.get("alice", "r3") is None and finished.get("bob", "r3").state == "failed"
+
+
+def test_the_least_recently_finished_leave_first():
+    finished = FinishedFutures(capacity=2)
+    finished.put_many([row("r1", "completed"), row("r2", "completed")])
+    finished.put_many([row("r3", "cancelled")])
+    assert finished.get("alice", "r1") is None
+    assert finished.get("alice", "r2") is not None and finished.get("alice", "r3") is not None
+
+
+def test_the_store_keeps_what_a_committed_batch_finished_as_the_store_has_it(store):
+    store, reads = store
+    requested = te.OptimStepRequested(request_id="r1", model_id="m", seq_id=1, adam_params=AdamParams())
+    store.append(new_event(te.OPTIM_STEP["requested"], requested, tenant="alice", source="/t", key="m"))
+    assert store.finished.get("alice", "r1") is None  # pending
+    done = RequestCompleted(request_id="r1", result={"metrics": {"optim/lr": 0.1}})
+    store.append_batch([(new_event(te.OPTIM_STEP["completed"], done, tenant="alice", source="/t", key="m"), None)])
+    kept, stored = store.finished.get("alice", "r1"), reads.future("alice", "r1")
+    assert kept is not None and (kept.state, kept.result, kept.kind) == (stored.state, stored.result, stored.kind)
