@@ -16,14 +16,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.kafka, pytest.mark.postgres, pytest.m
 
 @pytest.fixture
 def cluster(tmp_path, pg_url):
-    cluster = Cluster(tmp_path, pg_url, extra_env=ENV, keys=KEYS)
-    try:
-        yield cluster.start()
-    except Exception:
-        print(cluster.logs())
-        raise
-    finally:
-        cluster.stop()
+    with Cluster(tmp_path, pg_url, extra_env=ENV, keys=KEYS).running() as cluster:
+        yield cluster
 
 
 def test_four_rl_loops_under_chaos_lose_nothing_double_nothing_and_end_bitwise_the_quiet_run(cluster):

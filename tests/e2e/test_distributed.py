@@ -26,14 +26,8 @@ ADAM = types.AdamParams(learning_rate=5e-3)
 
 @pytest.fixture
 def cluster(tmp_path, pg_url):
-    cluster = Cluster(tmp_path, pg_url)
-    try:
-        yield cluster.start()
-    except Exception:
-        print(cluster.logs())
-        raise
-    finally:
-        cluster.stop()
+    with Cluster(tmp_path, pg_url).running() as cluster:
+        yield cluster
 
 
 def service(cluster: Cluster) -> tinker.ServiceClient:

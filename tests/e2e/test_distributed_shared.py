@@ -35,14 +35,8 @@ FULL = {"openrl.full_finetune": "true"}
 
 @pytest.fixture
 def cluster(tmp_path, pg_url):
-    cluster = Cluster(tmp_path, pg_url, timeslicer=True, extra_env={"OPENRL_LEASE_SECONDS": "2"})
-    try:
-        yield cluster.start()
-    except Exception:
-        print(cluster.logs())
-        raise
-    finally:
-        cluster.stop()
+    with Cluster(tmp_path, pg_url, timeslicer=True, extra_env={"OPENRL_LEASE_SECONDS": "2"}).running() as cluster:
+        yield cluster
 
 
 def full_run(client, name, during=None, steps=STEPS):

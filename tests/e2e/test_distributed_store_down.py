@@ -39,15 +39,11 @@ OUTAGE_SECONDS = 8.0
 def rig(tmp_path, pg_url):
     where = urlsplit(pg_url.replace("postgresql+psycopg://", "postgresql://", 1))
     proxy = TcpProxy(where.hostname, where.port or 5432)
-    cluster = Cluster(tmp_path, proxy.url_for(pg_url))
-    try:
-        yield cluster.start(), proxy
-    except Exception:
-        print(cluster.logs())
-        raise
-    finally:
-        proxy.restore()
-        cluster.stop()
+    with Cluster(tmp_path, proxy.url_for(pg_url)).running() as cluster:
+        try:
+            yield cluster, proxy
+        finally:
+            proxy.restore()  # before the cluster stops, as its roles need the store to shut down cleanly
         proxy.close()
 
 
