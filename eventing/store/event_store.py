@@ -279,7 +279,7 @@ class EventStore:
         claim = BlobRef(sha256=row.claim_sha256, size=row.claim_size) if row.claim_sha256 else None
         # Constructed, not validated: the row was an Event when it was stored, and its payload
         # is validated by `unpack` (validating the envelope again cost more than the payload).
-        return Event.model_construct(
+        return Event.stored(
             id=row.id,
             type=row.type,
             source=row.source,

@@ -230,7 +230,8 @@ class Rows:
         unknown = values.keys() - _COLUMN_SETS[table]
         if unknown:
             raise KeyError(f"{table} has no columns {sorted(unknown)}")
-        row = {column: values.get(column) for column in _COLUMNS[table]}
+        row = dict.fromkeys(_COLUMNS[table])
+        row.update(values)
         key = key_of(table, row)
         if key not in self._rows[table] and not fresh:
             self.prefetch(table, [key])  # whether the database holds it decides insert or update
