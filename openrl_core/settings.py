@@ -204,6 +204,10 @@ class Settings(BaseSettings):
     delta_max_share: float = Field(
         0.5, gt=0, le=1, description="publish a full checkpoint instead of a delta larger than this share of it"
     )
+    gateway_threads: int = Field(
+        40, ge=1, description="worker threads for the gateway's blocking work (store reads, appends): requests that "
+        "wait on the store and the log side by side are group-committed together",
+    )
     trainer_packing: bool = Field(
         True, description="run ready forward_backward requests of several LoRA models on one base model as shared "
         "passes (false: each model's requests in passes of their own)",

@@ -19,6 +19,7 @@ from eventing.bus import EventPublisher
 from eventing.store.event_store import Appended, Dedup, EventStore
 from eventing.store.queries import Projections
 from functions.compute.models import ModelDirectory
+from functions.gateway.offload import Offload
 from functions.gateway.quotas import Admission
 from functions.gateway.waiters import FutureWaiters
 from openrl_core.events import Event
@@ -41,9 +42,11 @@ class GatewayContext:
     # The store's wake-up channel (LISTEN/NOTIFY on PostgreSQL): reaches every gateway replica.
     notifier: Optional[Any] = None
     appender: Appender = field(init=False)
+    blocking: Offload = field(init=False)  # `await ctx.blocking(fn, *args)`: fn in a gateway thread
 
     def __post_init__(self) -> None:
         self.appender = Appender(self.store, self.publisher)
+        self.blocking = Offload(self.settings.gateway_threads)
 
     @classmethod
     def hash_key(cls, api_key: str) -> str:

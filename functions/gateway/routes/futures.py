@@ -33,7 +33,6 @@ from contextlib import ExitStack
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
-from functions.gateway.offload import blocking
 
 from eventing import topics
 from eventing.store.event_store import Dedup
@@ -83,7 +82,7 @@ async def retrieve_future(request: Request, ctx: GatewayContext = Depends(get_ct
             finished = ctx.store.finished.get(tenant, body.request_id)
             if finished is not None and finished.kind != "sample":  # a sample's may be Gone: read its session
                 return answer(finished, accept, body.allow_metadata_only, ctx.settings.metadata_only_threshold_bytes)
-            done = await blocking(_answer_if_finished, ctx, tenant, body, accept)
+            done = await ctx.blocking(_answer_if_finished, ctx, tenant, body, accept)
             if done is not None:
                 return done
             remaining = deadline - time.monotonic()
@@ -152,7 +151,7 @@ def render(row, accept: str) -> Response:
 async def retrieve_futures(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> JSONResponse:
     body = FuturesRetrieveRequest.model_validate_json(await read_body(request, 4 * 1024 * 1024))
     sampling_session_id = body.target.sampling_session_id
-    session = await blocking(ctx.projections.sampling_session, tenant, sampling_session_id)
+    session = await ctx.blocking(ctx.projections.sampling_session, tenant, sampling_session_id)
     if session is None:
         raise NotFound(f"unknown sampling_session_id {sampling_session_id!r}")
     # `retrieved_request_ids` would let a server drop those payloads; results stay, so that a
@@ -164,16 +163,16 @@ async def retrieve_futures(request: Request, ctx: GatewayContext = Depends(get_c
     with ctx.waiters.watch(submitted_key(sampling_session_id)) as submitted:
         while True:
             submitted.clear()
-            pending = await blocking(feed.pending, tenant, session.session_id, sampling_session_id)
+            pending = await ctx.blocking(feed.pending, tenant, session.session_id, sampling_session_id)
             with ExitStack() as watches:
                 # Registered before the feed is read, so a completion after the read wakes us.
                 completed = [watches.enter_context(ctx.waiters.watch(request_id)) for request_id in pending]
-                page = await blocking(feed.after, tenant, sampling_session_id, cursor, MAX_COMPLETIONS)
+                page = await ctx.blocking(feed.after, tenant, sampling_session_id, cursor, MAX_COMPLETIONS)
                 cursor = page.cursor
                 mine = [c for c in page.completions if (c.seq_id or 0) // CLONE_SEQ_STRIDE == body.target.cloned_sampler_id]
                 remaining = deadline - time.monotonic()
                 if mine or remaining <= 0:
-                    completions = await blocking(_describe, feed, tenant, mine)
+                    completions = await ctx.blocking(_describe, feed, tenant, mine)
                     return JSONResponse(FuturesRetrieveResponse(completions=completions, cursor=cursor).model_dump())
                 if not page.more:  # else read on at once: only other clones' completions so far
                     await _first_of([submitted, *completed], remaining)
@@ -214,17 +213,17 @@ async def cancel_future(request: Request, ctx: GatewayContext = Depends(get_ctx)
     model wait for. Cancelling twice is the same as once (one event, deduplicated).
     """
     body = CancelFutureRequest.model_validate_json(await read_body(request, 64 * 1024))
-    row = await blocking(ctx.projections.future, tenant, body.request_id)
+    row = await ctx.blocking(ctx.projections.future, tenant, body.request_id)
     if row is None:
         raise NotFound(f"unknown request_id {body.request_id!r}")
     status = _cancel_status(row)
     if status == "cancel_requested":
-        session = await blocking(ctx.projections.sampling_session, tenant, row.model_id)
+        session = await ctx.blocking(ctx.projections.sampling_session, tenant, row.model_id)
         payload = SampleCancelRequested(request_id=row.request_id, sampling_session_id=row.model_id)
         event = new_event(SAMPLE_CANCEL_REQUESTED, payload, tenant=tenant, source=SOURCE, key=row.model_id, subject=row.request_id)
         # Same topic and key as the sample itself, so the sampler sees the cancel after it.
         where = topics.topic(tenant, "sampling", ctx.models.canonical(session.base_model))
-        await blocking(ctx.emit, event, where, Dedup.of(f"cancel:{row.request_id}", b""))
+        await ctx.blocking(ctx.emit, event, where, Dedup.of(f"cancel:{row.request_id}", b""))
     return CancelFutureResponse(request_id=row.request_id, status=status)
 
 

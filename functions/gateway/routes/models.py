@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from fastapi import APIRouter, Depends, Request
-from functions.gateway.offload import blocking
 
 from eventing.store.event_store import Dedup
 from functions.gateway.context import GatewayContext
@@ -33,7 +32,7 @@ def _check_optimizer(config: dict | None) -> dict:
 @router.post("/create_model")
 async def create_model(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> UntypedAPIFuture:
     raw = await read_body(request, ctx.settings.max_request_bytes)
-    return await blocking(_create_model, ctx, tenant, raw)
+    return await ctx.blocking(_create_model, ctx, tenant, raw)
 
 
 def _create_model(ctx: GatewayContext, tenant: str, raw: bytes) -> UntypedAPIFuture:
@@ -95,7 +94,7 @@ def resolve_checkpoint(ctx: GatewayContext, tenant: str, path: str):
 @router.post("/load_weights")
 async def load_weights(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> UntypedAPIFuture:
     raw = await read_body(request, ctx.settings.max_request_bytes)
-    return await blocking(_load_weights, ctx, tenant, raw)
+    return await ctx.blocking(_load_weights, ctx, tenant, raw)
 
 
 def _load_weights(ctx: GatewayContext, tenant: str, raw: bytes) -> UntypedAPIFuture:

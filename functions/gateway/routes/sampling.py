@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Optional
 
 from fastapi import APIRouter, Depends, Request
-from functions.gateway.offload import blocking
 
 from eventing.store.event_store import Dedup
 from functions.gateway.context import SOURCE, GatewayContext
@@ -45,7 +44,7 @@ async def create_sampling_session(
     request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)
 ) -> CreateSamplingSessionResponse:
     raw = await read_body(request, ctx.settings.max_request_bytes)
-    return await blocking(_create_sampling_session, ctx, tenant, raw)
+    return await ctx.blocking(_create_sampling_session, ctx, tenant, raw)
 
 
 def _create_sampling_session(ctx: GatewayContext, tenant: str, raw: bytes) -> CreateSamplingSessionResponse:
@@ -100,7 +99,7 @@ def get_sampler(sampling_session_id: str, ctx: GatewayContext = Depends(get_ctx)
 @router.post("/asample")
 async def asample(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> UntypedAPIFuture:
     raw = await read_body(request, ctx.settings.max_request_bytes)
-    return await blocking(_asample, ctx, tenant, raw)
+    return await ctx.blocking(_asample, ctx, tenant, raw)
 
 
 def _asample(ctx: GatewayContext, tenant: str, raw: bytes) -> UntypedAPIFuture:
