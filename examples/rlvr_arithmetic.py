@@ -1,7 +1,7 @@
 """RL with a verifiable reward (RLVR) on arithmetic: the classic loop, with nothing but the tinker SDK.
 
 Each step: sample N rollouts per problem from the current weights, score each with a reward a
-program can check (the first number in the answer equals the sum), turn the rewards into
+program can check (the last integer in the reply equals the sum), turn the rewards into
 advantages (reward minus the group's mean), `forward_backward` with `importance_sampling` on the
 sampler's own logprobs, `optim_step`, publish the weights for the next step's sampler. Point it
 at any Tinker-compatible server (TINKER_BASE_URL, TINKER_API_KEY); `make recipe-rlvr` starts

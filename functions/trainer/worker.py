@@ -130,6 +130,7 @@ class TrainerWorker:
         self.packer = Packer(self, options.pack_linger if options.pack else 0.0, options.cohort_wait if options.pack else 0.0, enabled=options.pack)
         self._ready: dict[str, list] = {}
         self._fair: FairQueue = FairQueue()  # this loop's turns not yet run
+        self._postponed: list[Record] = []  # what a held turn's `absorb` left for after it
         self._handlers: dict[str, Callable[[Event], dict]] = {
             te.FORWARD_BACKWARD["requested"]: self._forward_backward,
             te.OPTIM_STEP["requested"]: self._optim_step,
@@ -176,6 +177,7 @@ class TrainerWorker:
         ready, self._ready = self._ready, {}
         for base, members in self.packer.take(ready).items():
             self.packer.run(base, members, ready)
+        self._receive_postponed()
         for model_id, items in self._ready.items():  # what a packed turn took in and left
             ready.setdefault(model_id, []).extend(items)
         self._ready = {}
@@ -282,10 +284,35 @@ class TrainerWorker:
                     self._settle(True)
                     deadline = time.monotonic() + ABSORB_SECONDS
 
-    def absorb(self) -> None:
-        """Take what reached the log since the last poll into the ready queues, without waiting."""
+    def absorb(self, in_turn: bool = False) -> None:
+        """Take what reached the log since the last poll into the ready queues, without waiting.
+
+        `in_turn`: called inside a turn this thread holds (a packed pass's). A record that
+        needs a turn of its own (a run's creation or fork, a model to restore) would wait there
+        for the device this thread holds, forever, and a cancellation would drop a model of the
+        pass in the middle of it: such a record and every one after it (their order kept) are
+        held back for `_receive_postponed` once the turn is over."""
         for record in self.consumer.poll(max_records=64, timeout=0):
             self.offsets.polled(record)
+            if in_turn and (self._postponed or self._after_the_turn(record)):
+                self.offsets.hold(record)  # no commit passes it before it is received
+                self._postponed.append(record)
+            else:
+                self._receive(record)
+
+    def _after_the_turn(self, record: Record) -> bool:
+        try:
+            event = self.publisher.codec.decode(record.message)
+        except Exception:
+            return False  # `_receive` logs and skips it
+        creates = event.type == te.CREATE_MODEL["requested"] or (event.type == te.LOAD_WEIGHTS["requested"] and event.data.seq_id is None)
+        restores = event.type in self._handlers and getattr(event.data, "model_id", None) not in self.slots
+        return creates or restores or event.type in (te.FORK["requested"], te.RUN_CANCELLED)
+
+    def _receive_postponed(self) -> None:
+        postponed, self._postponed = self._postponed, []
+        for record in postponed:
+            self.offsets.release(record.topic, record.partition, record.offset)
             self._receive(record)
 
     def _queue(self, model_id: str, ready: list) -> None:

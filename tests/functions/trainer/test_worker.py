@@ -249,3 +249,64 @@ def test_a_packed_pass_runs_its_models_optim_steps_in_the_same_turn_and_answers_
     assert len(leases) == 1 and None not in leases  # one turn for the pass and every optim_step
     assert sorted(appends[-1]) == sorted(f"opt-{model_id}" for _t, model_id in models)  # answered together
     log.close()
+
+
+def test_a_run_created_during_a_packed_pass_waits_for_the_turn_to_end_not_for_itself(tmp_path, tiny_files):
+    """A packed pass takes in what reached the log during it (its models' optim_steps) in its
+    own turn. A run created (or forked, or restored) meanwhile needs a turn of its own: taking
+    it from inside the pass's turn waited for the device this very thread held, and the trainer
+    hung for good (an autoresearch sweep starting its fifth run while four trained). It runs
+    right after the turn instead, and every request is answered."""
+    import threading
+
+    from functions.trainer.engine import TrainerEngine
+
+    log = EmbeddedLog(tmp_path / "log.db")
+    codec = Codec(BlobStore(tmp_path / "blobs"))
+    publisher = EventPublisher(log, codec)
+    worker = TrainerWorker(log, publisher, codec.blobs, ModelDirectory(Catalog.from_names([TINY_QWEN3])))
+    completions = log.consumer("c", pattern=topics.pattern("completions"))
+
+    def create(tenant, model_id):
+        payload = te.CreateModelRequested(request_id=f"create-{model_id}", session_id=model_id.split(":")[0], model_id=model_id,
+                                          model_seq_id=0, base_model=TINY_QWEN3, lora_config=LoraConfig(rank=4, seed=1))  # fmt: skip
+        publisher.publish(topics.topic(tenant, "training", TINY_QWEN3), new_event(te.CREATE_MODEL["requested"], payload, tenant=tenant, source="/t", key=model_id))
+
+    def train(tenant, model_id):
+        step = te.ForwardBackwardRequested(request_id=f"fb-{model_id}", model_id=model_id, seq_id=1, loss_fn="cross_entropy", data=[datum()])
+        update = te.OptimStepRequested(request_id=f"opt-{model_id}", model_id=model_id, seq_id=2, adam_params=AdamParams(learning_rate=1e-2))
+        for type_, item in ((te.FORWARD_BACKWARD["requested"], step), (te.OPTIM_STEP["requested"], update)):
+            publisher.publish(topics.topic(tenant, "training", TINY_QWEN3), new_event(type_, item, tenant=tenant, source="/t", key=model_id))
+
+    packed = [("t0", "s0:train:0"), ("t1", "s1:train:0")]
+    for tenant, model_id in packed:
+        create(tenant, model_id)
+    assert len(pump(worker, completions, 2)) == 2
+    original = TrainerEngine.forward_backward_many
+    passes = []
+
+    def during_the_pass(self, requests):
+        passes.append([r.model_id for r in requests])
+        if len(passes) == 1:  # the third run's creation and first step reach the log meanwhile
+            create("t2", "s2:train:0")
+        return original(self, requests)
+
+    for tenant, model_id in packed:
+        train(tenant, model_id)
+    TrainerEngine.forward_backward_many = during_the_pass
+    done: dict = {}
+    try:
+        pumping = threading.Thread(target=lambda: done.update({e.data.request_id: e for e in pump(worker, completions, 5)}), daemon=True)
+        pumping.start()
+        pumping.join(120)
+        assert not pumping.is_alive(), "the trainer waited for a turn inside its own turn"
+    finally:
+        TrainerEngine.forward_backward_many = original
+    assert sorted(passes[0]) == [model_id for _t, model_id in packed]  # it was a packed pass
+    assert sorted(done) == sorted(["create-s2:train:0"] + [f"{kind}-{m}" for kind in ("fb", "opt") for _t, m in packed])
+    assert all(event.type.endswith(".completed.v1") for event in done.values())
+    # The new run trains like any other, and nothing it held pins the committed offsets.
+    train("t2", "s2:train:0")
+    assert {e.data.request_id for e in pump(worker, completions, 2)} == {"fb-s2:train:0", "opt-s2:train:0"}
+    assert worker.offsets.committable() == worker.offsets._next
+    log.close()
