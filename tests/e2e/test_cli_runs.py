@@ -214,8 +214,10 @@ def test_cancel_fails_queued_work_refuses_later_calls_keeps_checkpoints_and_repl
     assert said.out == "" and said.err.startswith("openrl runs cancel: ") and "already cancelled" in said.err
     _, cancelled = as_json(server, capsys, ALICE, "runs", "list", "--status", "cancelled")
     assert [r["run_id"] for r in cancelled["runs"]] == [training.model_id]
-    _, by_operator = as_json(server, capsys, OPERATOR, "runs", "cancel", runs["bob_run"])
-    assert by_operator["status"] == "cancelled"
+    code, by_operator = openrl(server, capsys, OPERATOR, "runs", "cancel", runs["bob_run"])  # the sentence, by default
+    assert code == 0 and by_operator.strip() == f"cancelled {runs['bob_run']}: 0 pending request(s) failed"
+    _, bobs = as_json(server, capsys, BOB, "runs", "list")
+    assert [(r["run_id"], r["status"]) for r in bobs["runs"]] == [(runs["bob_run"], "cancelled")]
     # Its saved checkpoint stays: listed, and the same archive as before the cancel.
     _, listing = as_json(server, capsys, ALICE, "checkpoints", "list", "--run", training.model_id)
     assert saved in [c["tinker_path"] for c in listing["checkpoints"]]
