@@ -148,9 +148,16 @@ def test_another_tenants_run_answers_like_an_unknown_one_and_the_operator_sees_a
 def test_checkpoints_download_writes_the_archive_and_delete_removes(server, runs, capsys, tmp_path):
     _, listing = as_json(server, capsys, ALICE, "checkpoints", "list", "--run", runs["run"])
     assert listing["schema"] == "openrl.checkpoints.v1" and len(listing["checkpoints"]) == 2
+    code, table = openrl(server, capsys, ALICE, "checkpoints", "list", "--run", runs["run"])  # the table, by default
+    header, *rows = table.splitlines()
+    assert code == 0 and header.split()[:3] == ["PATH", "KIND", "BYTES"]
+    assert sorted(row.split()[0] for row in rows) == sorted([runs["kept"], runs["dropped"]])
+    assert {int(row.split()[2]) for row in rows} == {c["size_bytes"] for c in listing["checkpoints"]}
     target = tmp_path / "kept.tar"
     code, written = as_json(server, capsys, ALICE, "checkpoints", "download", runs["kept"], "-o", str(target))
     assert code == 0 and written["size_bytes"] == target.stat().st_size
+    code, said = openrl(server, capsys, ALICE, "checkpoints", "download", runs["kept"], "-o", str(tmp_path / "again.tar"))
+    assert code == 0 and said.strip() == f"wrote {tmp_path / 'again.tar'} ({target.stat().st_size} bytes)"
     rest = httpx.get(server.url + "/api/openrl/v1/checkpoints/archive", params={"path": runs["kept"]}, headers={"X-API-Key": ALICE})
     assert rest.status_code == 200 and target.read_bytes() == rest.content
     with tarfile.open(fileobj=io.BytesIO(rest.content)) as archive:
@@ -201,10 +208,16 @@ def test_cancel_fails_queued_work_refuses_later_calls_keeps_checkpoints_and_repl
     assert closed.value.status_code == 410 and "closed" in str(closed.value)
     _, again = as_json(server, capsys, ALICE, "runs", "cancel", training.model_id)
     assert again["status"] == 409 and "already cancelled" in again["detail"]
+    capsys.readouterr()
+    assert cli.main(["runs", "cancel", training.model_id, "--url", server.url, "--api-key", ALICE]) == 1  # without --json: stderr
+    said = capsys.readouterr()
+    assert said.out == "" and said.err.startswith("openrl runs cancel: ") and "already cancelled" in said.err
     _, cancelled = as_json(server, capsys, ALICE, "runs", "list", "--status", "cancelled")
     assert [r["run_id"] for r in cancelled["runs"]] == [training.model_id]
-    _, by_operator = as_json(server, capsys, OPERATOR, "runs", "cancel", runs["bob_run"])
-    assert by_operator["status"] == "cancelled"
+    code, by_operator = openrl(server, capsys, OPERATOR, "runs", "cancel", runs["bob_run"])  # the sentence, by default
+    assert code == 0 and by_operator.strip() == f"cancelled {runs['bob_run']}: 0 pending request(s) failed"
+    _, bobs = as_json(server, capsys, BOB, "runs", "list")
+    assert [(r["run_id"], r["status"]) for r in bobs["runs"]] == [(runs["bob_run"], "cancelled")]
     # Its saved checkpoint stays: listed, and the same archive as before the cancel.
     _, listing = as_json(server, capsys, ALICE, "checkpoints", "list", "--run", training.model_id)
     assert saved in [c["tinker_path"] for c in listing["checkpoints"]]

@@ -17,7 +17,7 @@ import pytest
 import tinker
 from tinker import types
 
-from tests.examples.conftest import API_KEY, TINY
+from tests.examples.conftest import API_KEY, EXAMPLES, TINY
 
 pytestmark = pytest.mark.e2e
 
@@ -46,6 +46,31 @@ def test_text_to_sql_rl_short_run(run_example, tmp_path):
     assert progress(done.stdout) == [(1, 2), (2, 2)]  # a progress line per step, with its ETA
     summary = json.loads((tmp_path / "sql.summary.json").read_text())
     assert summary["test_questions"] == 3 and 0.0 <= summary["after"] <= 1.0
+
+
+def test_text_to_sql_rl_short_run_trains_and_exits_cleanly(run_example, tmp_path):
+    """The recipe's training branch as a script: on the tiny model's random weights every reward
+    is equal and no group trains, so here the reward alternates (1.1, 0.0, ...) and every group
+    differs. Each step then runs forward_backward (importance_sampling) in pieces, optim_step
+    and a new sampling client, and the process still exits 0 (a run like this once aborted
+    with SIGABRT at interpreter exit after writing its numbers)."""
+    wrapper = tmp_path / "alternating_reward.py"
+    wrapper.write_text(
+        "import itertools, sys\n"
+        f"sys.path.insert(0, {str(EXAMPLES)!r})\n"
+        "import text_to_sql_rl as recipe\n"
+        "flip = itertools.cycle([(1.1, True), (0.0, False)])\n"
+        "recipe.reward = lambda conn, item, text: next(flip)\n"
+        "recipe.main()\n"
+    )
+    out = tmp_path / "trained"
+    done = run_example(str(wrapper), "--base-model", TINY, "--steps", "3", "--batch-size", "2", "--group-size", "2",
+                       "--max-tokens", "3", "--eval-size", "2", "--train-chunk", "3", "--out", str(out))
+    rows = curve(out)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["trained_groups"] == 2 and math.isfinite(r["loss"]) for r in rows)  # every group trained
+    assert progress(done.stdout) == [(1, 3), (2, 3), (3, 3)]
+    assert json.loads(Path(f"{out}.summary.json").read_text())["steps"] == 3
 
 
 def test_rlvr_arithmetic_short_run(run_example, tmp_path):
