@@ -136,7 +136,7 @@ def rl_run(url: str, jobs: int, steps: int, env_seconds: float) -> float:
     return jobs * steps / wall
 
 
-def service_bench(steps: int, env_seconds: float) -> None:
+def service_bench(steps: int, env_seconds: float, modes: tuple[str, ...] = ("on", "off")) -> None:
     import tempfile
     from pathlib import Path
 
@@ -145,6 +145,8 @@ def service_bench(steps: int, env_seconds: float) -> None:
     keys = "alice=tml-bench-alice,bob=tml-bench-bob"
     rows = {}
     for label, packing in (("packing on", "true"), ("packing off", "false")):
+        if label.split()[1] not in modes:
+            continue
         server = LocalServer(Path(tempfile.mkdtemp(prefix="openrl-pack-bench-")), [SERVICE_MODEL], keys,
                              extra_env={"OPENRL_TRAINER_PACKING": packing, "OPENRL_SNAPSHOT_EVERY_STEPS": "0"}).wait_ready()  # fmt: skip
         try:
@@ -156,8 +158,9 @@ def service_bench(steps: int, env_seconds: float) -> None:
         rows[label] = (one, many)
         print(f"{SERVICE_MODEL} RL ({label}), {GROUP} samples x {MAX_TOKENS} tokens, environment {env_seconds:.2f} s: "
               f"1 job {one:.3f} steps/s, {RL_JOBS} jobs {many:.3f} steps/s together: {many / one:.2f}x", flush=True)  # fmt: skip
-    on, off = rows["packing on"][1], rows["packing off"][1]
-    print(f"{RL_JOBS} jobs, packing on against off: {on / off:.2f}x aggregate steps/s")
+    if len(rows) == 2:
+        on, off = rows["packing on"][1], rows["packing off"][1]
+        print(f"{RL_JOBS} jobs, packing on against off: {on / off:.2f}x aggregate steps/s")
 
 
 def main() -> None:
@@ -170,6 +173,7 @@ def main() -> None:
     parser.add_argument("--skip-service", action="store_true")
     parser.add_argument("--steps", type=int, default=6, help="RL steps per job in (b)")
     parser.add_argument("--env-seconds", type=float, default=0.25, help="the environment's grading latency in (b)")
+    parser.add_argument("--service-modes", default="on,off", help="packing modes of (b): on, off")
     args = parser.parse_args()
     if args.threads:
         import torch
@@ -179,7 +183,7 @@ def main() -> None:
         for key in args.models.split(","):
             engine_bench(MODELS[key], args.rounds, tuple(args.sizes.split(",")))
     if not args.skip_service:
-        service_bench(args.steps, args.env_seconds)
+        service_bench(args.steps, args.env_seconds, tuple(args.service_modes.split(",")))
 
 
 if __name__ == "__main__":

@@ -30,10 +30,10 @@ from typing import Mapping
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
-from safetensors.torch import save as save_safetensors
 
 from openrl_core.errors import InvalidRequest
 from openrl_core.params import AdamParams
+from functions.trainer import tensor_files
 
 STATE_TENSORS = "optimizer.safetensors"
 STATE_META = "optimizer.json"
@@ -119,7 +119,7 @@ def state_to_files(state: AdamState) -> dict[str, bytes]:
         tensors[f"exp_avg_sq/{name}"] = state.exp_avg_sq[name].detach().cpu().contiguous()
     meta = {"format": STATE_FORMAT, "step": state.step}
     return {
-        STATE_TENSORS: save_safetensors(tensors),
+        STATE_TENSORS: tensor_files.save(tensors),
         STATE_META: json.dumps(meta, sort_keys=True).encode(),
     }
 
