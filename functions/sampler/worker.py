@@ -267,8 +267,11 @@ class SamplerWorker:
         """One batched generation in a turn of `job_name`; `prepare()` gives the engine, and
         `join()`, if given, the late requests that join the batch once the turn is held."""
         asked = time.monotonic()
+        # The training runs whose samples these are: the device's affinity for a run that just
+        # trained waits for that run's next request, which this batch may be carrying.
+        runs = tuple(sorted({event.data.run_id for event, _job in jobs if event.data.run_id}))
         try:
-            with self.slicer.turn(job_name) as turn:
+            with self.slicer.turn(job_name, serves=runs) as turn:
                 with self._state:
                     began = time.monotonic()
                     engine = prepare()
