@@ -14,6 +14,9 @@ Targets: (a) small >= 1.5x on SmolLM2, large >= 0.95x; (b) >= 2.5x.
 
 (b) also runs the 4 jobs with packing switched off (OPENRL_TRAINER_PACKING=false), to show what
 the shared passes add on top of overlapping one job's environment wait with another's compute.
+`--floor` prints the compute (b)'s work needs at best: the engines alone, in this process, on
+the same sizes (one job's sample, train, step and export; then the four jobs' as one sampler
+batch and one packed pass), and the aggregate rate that would give against one job's.
 """
 
 from __future__ import annotations
@@ -136,7 +139,7 @@ def rl_run(url: str, jobs: int, steps: int, env_seconds: float) -> float:
     return jobs * steps / wall
 
 
-def service_bench(steps: int, env_seconds: float) -> None:
+def service_bench(steps: int, env_seconds: float, modes: tuple[str, ...] = ("on", "off")) -> None:
     import tempfile
     from pathlib import Path
 
@@ -145,6 +148,8 @@ def service_bench(steps: int, env_seconds: float) -> None:
     keys = "alice=tml-bench-alice,bob=tml-bench-bob"
     rows = {}
     for label, packing in (("packing on", "true"), ("packing off", "false")):
+        if label.split()[1] not in modes:
+            continue
         server = LocalServer(Path(tempfile.mkdtemp(prefix="openrl-pack-bench-")), [SERVICE_MODEL], keys,
                              extra_env={"OPENRL_TRAINER_PACKING": packing, "OPENRL_SNAPSHOT_EVERY_STEPS": "0"}).wait_ready()  # fmt: skip
         try:
@@ -156,8 +161,69 @@ def service_bench(steps: int, env_seconds: float) -> None:
         rows[label] = (one, many)
         print(f"{SERVICE_MODEL} RL ({label}), {GROUP} samples x {MAX_TOKENS} tokens, environment {env_seconds:.2f} s: "
               f"1 job {one:.3f} steps/s, {RL_JOBS} jobs {many:.3f} steps/s together: {many / one:.2f}x", flush=True)  # fmt: skip
-    on, off = rows["packing on"][1], rows["packing off"][1]
-    print(f"{RL_JOBS} jobs, packing on against off: {on / off:.2f}x aggregate steps/s")
+    if len(rows) == 2:
+        on, off = rows["packing on"][1], rows["packing off"][1]
+        print(f"{RL_JOBS} jobs, packing on against off: {on / off:.2f}x aggregate steps/s")
+
+
+def floor_bench(env_seconds: float, reps: int = 4) -> None:
+    """The engines alone on (b)'s work: the least device time one RL round of 1 and of 4 jobs needs."""
+    import torch
+
+    from functions.compute.models import ModelDirectory
+    from functions.sampler.engine import SamplerEngine
+    from functions.sampler.types import SampleJob
+    from functions.trainer.engine import PackRequest, TrainerEngine
+    from openrl_core.catalog import Catalog
+    from openrl_core.datum import Datum
+    from openrl_core.params import AdamParams, LoraConfig, SamplingParams
+
+    files = ModelDirectory(Catalog.from_names([SERVICE_MODEL])).files(SERVICE_MODEL)
+    trainer = TrainerEngine(files)
+    sampler = SamplerEngine(files, share_base=True)
+    rng = np.random.default_rng(0)
+    for i in range(RL_JOBS):
+        trainer.create_adapter(f"m{i}", LoraConfig(rank=8, seed=100 + i))
+        sampler.load_adapter(f"a{i}", trainer.export_adapter(f"m{i}"))
+
+    def data():
+        out = []
+        for _ in range(GROUP):
+            tokens = rng.integers(100, 20000, size=PROMPT_TOKENS + MAX_TOKENS)
+            advantages = np.concatenate([np.zeros(PROMPT_TOKENS - 1), rng.normal(size=MAX_TOKENS)]).astype(np.float32)
+            out.append(Datum(tokens[:-1].astype(np.int64), {"target_tokens": tokens[1:].astype(np.int64),
+                             "logprobs": np.zeros(len(tokens) - 1, np.float32), "advantages": advantages}))  # fmt: skip
+        return out
+
+    def job(i):
+        params = SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, seed=i)
+        return SampleJob(prompt_tokens=rng.integers(100, 20000, size=PROMPT_TOKENS).tolist(), num_samples=GROUP, params=params, adapter=f"a{i}")
+
+    def timed(fn):
+        times = []
+        for _ in range(reps + 1):
+            started = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - started)
+        return statistics.median(times[1:])
+
+    def step(models):
+        for i in models:
+            trainer.optim_step(f"m{i}", AdamParams(learning_rate=1e-3))
+            sampler.load_adapter(f"a{i}", trainer.export_adapter(f"m{i}"))
+
+    rows = {}
+    for n in (1, RL_JOBS):
+        sample = timed(lambda: sampler.sample([job(i) for i in range(n)]))
+        train = timed(lambda: trainer.forward_backward_many([PackRequest(f"m{i}", data(), "importance_sampling", None, False) for i in range(n)]))
+        publish = timed(lambda: step(range(n)))
+        rows[n] = sample + train + publish
+        print(f"{SERVICE_MODEL} floor, {n} job(s) in one batch and one pass: sample {sample:.3f} s, forward_backward "
+              f"{train:.3f} s, optim_step + export + sampler load {publish:.3f} s: {rows[n]:.3f} s a round "
+              f"(threads {torch.get_num_threads()})", flush=True)  # fmt: skip
+    print(f"at best, with no environment wait and nothing idle: {RL_JOBS} jobs {RL_JOBS / rows[RL_JOBS]:.3f} steps/s against "
+          f"1 job {1 / rows[1]:.3f} steps/s: {RL_JOBS * rows[1] / rows[RL_JOBS]:.2f}x; with the environment's "
+          f"{env_seconds:.2f} s in every round: {RL_JOBS * (rows[1] + env_seconds) / (rows[RL_JOBS] + env_seconds):.2f}x", flush=True)  # fmt: skip
 
 
 def main() -> None:
@@ -170,6 +236,8 @@ def main() -> None:
     parser.add_argument("--skip-service", action="store_true")
     parser.add_argument("--steps", type=int, default=6, help="RL steps per job in (b)")
     parser.add_argument("--env-seconds", type=float, default=0.25, help="the environment's grading latency in (b)")
+    parser.add_argument("--service-modes", default="on,off", help="packing modes of (b): on, off")
+    parser.add_argument("--floor", action="store_true", help="also print the compute floor of (b)'s work (engines alone)")
     args = parser.parse_args()
     if args.threads:
         import torch
@@ -178,8 +246,10 @@ def main() -> None:
     if not args.skip_engine:
         for key in args.models.split(","):
             engine_bench(MODELS[key], args.rounds, tuple(args.sizes.split(",")))
+    if args.floor:
+        floor_bench(args.env_seconds)
     if not args.skip_service:
-        service_bench(args.steps, args.env_seconds)
+        service_bench(args.steps, args.env_seconds, tuple(args.service_modes.split(",")))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import json
 import os
 import random
 import tempfile
+import time
 from pathlib import Path
 
 MIB = 1 << 20
@@ -48,6 +49,7 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--samples", type=int, default=8, help="sample requests per step, 16 tokens each")
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the server process")
+    parser.add_argument("--idle-seconds", type=float, default=1.5, help="wait this long before each reading (the idle trim)")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()
 
@@ -71,6 +73,9 @@ def main() -> None:
             pid = server.process.pid
 
             def record(phase: str) -> None:
+                # The workers give freed memory back once the process has been idle a moment
+                # (release_host_memory_idle_ms, 1 s): read what an idle server holds.
+                time.sleep(args.idle_seconds)
                 row = {"phase": phase, **status(pid), "data_dir": tree_bytes(data_dir)}
                 rows.append(row)
                 print(

@@ -115,6 +115,7 @@ class Node:
                 pack_max_rows=settings.trainer_pack_max_rows,
                 pack_max_shared_bytes=settings.trainer_pack_max_shared_mib << 20,
                 release_memory=settings.release_host_memory,
+                release_idle_seconds=settings.release_host_memory_idle_ms / 1000,
             )  # fmt: skip
             self.trainer = TrainerWorker(
                 rt.bus, rt.publisher, rt.blobs, rt.models, slicer("trainer"), settings.device,
@@ -131,6 +132,7 @@ class Node:
                 settings.sampler_max_batch_rows, settings.sampler_max_adapters, base_models=base_models,
                 instance_id=self._instance_id("sampler"), max_full_models=settings.sampler_max_full_models,
                 share_base=settings.share_base_weights, release_memory=settings.release_host_memory,
+                release_idle_seconds=settings.release_host_memory_idle_ms / 1000,
                 cohort_wait=settings.sampler_cohort_wait_ms / 1000,
                 max_run_versions=settings.sampler_versions_kept,
                 **engine_options(settings),

@@ -93,6 +93,10 @@ class Settings(BaseSettings):
     release_host_memory: bool = Field(
         True, description="trainer and sampler: return memory a pass freed to the system (glibc malloc_trim) after it"
     )
+    release_host_memory_idle_ms: float = Field(
+        1000.0, ge=0, description="return it once no worker of the process has worked for this long (a trim makes "
+        "the next pass fault its pages in again; see openrl_core.idleness)",
+    )
     max_request_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="largest request body the gateway reads")
     blob_collector_seconds: float = Field(
         300.0, ge=0, description="how often blobs no record needs any more are deleted (0: never); see functions/collector"

@@ -38,7 +38,10 @@ Invariants:
   of the group's jobs has asked for another job's turn since the release (they have moved
   on: nobody is left to send the group's next request). Interleaving runs request by
   request would keep them in lockstep (all of them grading while the device idles); letting
-  one run finish its step staggers them, so one grades while another trains.
+  one run finish its step staggers them, so one grades while another trains. A waiter whose
+  turn carries a group's work under a job of no group (a sampler batch on the shared base
+  weights holding the run's samples: `serves`) counts as that group's next request: the
+  device never idles waiting for a request that is already waiting.
 """
 
 from __future__ import annotations
@@ -128,6 +131,7 @@ class Waiter:
     request: str
     since: float
     also: tuple[str, ...] = ()  # more jobs of the same owner served by the same turn (a packed pass)
+    serves: tuple[str, ...] = ()  # groups whose work the turn carries (see Affinity above)
 
     @property
     def jobs(self) -> tuple[str, ...]:
@@ -229,10 +233,13 @@ class Timeslicer:
             existing.bytes, existing.parkable, existing.resident, existing.group = nbytes, parkable, resident, group
         return effects + self._schedule(state, now)
 
-    def acquire(self, owner: str, job: str, request: str, now: float, also: tuple[str, ...] = ()) -> list[Effect]:
+    def acquire(
+        self, owner: str, job: str, request: str, now: float, also: tuple[str, ...] = (), serves: tuple[str, ...] = ()
+    ) -> list[Effect]:
         """Wait for a turn of `job`; `also` names more jobs of the same owner on the same device
         that the turn serves together (one packed pass over several models): all of them are
-        made resident before the grant, and the one lease covers them."""
+        made resident before the grant, and the one lease covers them. `serves` names the
+        groups whose work the turn carries (for affinity)."""
         state = self._owned(owner, job)
         device = self.devices[state.device]
         also = tuple(dict.fromkeys(j for j in also if j != job))
@@ -243,7 +250,7 @@ class Timeslicer:
         taken = sorted(busy & {job, *also})
         if taken:
             raise Conflict(f"job {taken[0]!r} already holds or waits for a turn; release it first")
-        device.waiters.append(Waiter(job, owner, request, now, also))
+        device.waiters.append(Waiter(job, owner, request, now, also, tuple(serves)))
         return self._schedule(device, now)
 
     def cancel(self, owner: str, request: str, now: float) -> list[Effect]:
@@ -414,7 +421,7 @@ class Timeslicer:
             group, until, released = device.affinity
             in_quantum = device.streak is None or device.streak[0] != group or now - device.streak[1] < self.quantum_seconds
             aged = any(now - w.since >= self.aging_seconds for w in order)
-            same = [w for w in order if self.jobs[w.job].group == group]
+            same = [w for w in order if self.jobs[w.job].group == group or group in w.serves]
             if in_quantum and not aged and same:
                 order = same + [w for w in order if w not in same]
             elif in_quantum and not aged and now < until and not self._moved_on(group, released, order):

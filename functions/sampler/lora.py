@@ -31,7 +31,7 @@ import json
 import math
 import re
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Optional
 
 import torch
@@ -59,6 +59,14 @@ class LayerLora:
 
     down_R_I: torch.Tensor
     up_O_R: torch.Tensor
+    # The transposes the hook multiplies by, as views made once: the hook runs for every
+    # targeted layer, adapter run and decoding step, where two `.t()` calls each added up.
+    down_I_R: torch.Tensor = field(init=False, repr=False)
+    up_R_O: torch.Tensor = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "down_I_R", self.down_R_I.t())
+        object.__setattr__(self, "up_R_O", self.up_O_R.t())
 
 
 class LoraAdapters:
@@ -207,14 +215,17 @@ def _hook(parts: list[tuple[int, int, LayerLora]], rows: int, path: str):
             # Every target layer of a causal LM sees the batch's rows first; a model that
             # reshapes them away would get updates on the wrong rows.
             raise RuntimeError(f"{path}: input of {x.shape[0]} rows in a pass of {rows}")
+        width, out_width = x.shape[-1], output.shape[-1]
         for start, stop, lora in parts:
             out_part = output[start:stop]
-            x_N_I = x[start:stop].reshape(-1, x.shape[-1]).to(lora.down_R_I.dtype)
-            down_N_R = x_N_I @ lora.down_R_I.t()
-            if out_part.is_contiguous() and out_part.dtype == lora.up_O_R.dtype:
-                out_part.view(-1, out_part.shape[-1]).addmm_(down_N_R, lora.up_O_R.t())
+            x_N_I = x[start:stop].reshape(-1, width)
+            if x_N_I.dtype != lora.down_I_R.dtype:
+                x_N_I = x_N_I.to(lora.down_I_R.dtype)
+            down_N_R = x_N_I @ lora.down_I_R
+            if out_part.dtype == lora.up_R_O.dtype and out_part.is_contiguous():
+                out_part.view(-1, out_width).addmm_(down_N_R, lora.up_R_O)
             else:
-                out_part.add_((down_N_R @ lora.up_O_R.t()).view(out_part.shape))
+                out_part.add_((down_N_R @ lora.up_R_O).view(out_part.shape))
         return None  # the output was updated in place
 
     return add_updates

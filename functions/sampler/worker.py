@@ -62,6 +62,7 @@ class SamplerWorker:
         vllm=None,
         share_base: bool = True,
         release_memory: bool = True,
+        release_idle_seconds: float = 1.0,
     ) -> None:
         self.publisher = publisher
         self.blobs = blobs
@@ -82,7 +83,8 @@ class SamplerWorker:
         # frozen copy (`shared_weights`); full runs' copies are written by weight sync and never share.
         self.share_base = share_base
         self.release_memory = release_memory  # give a batch's freed memory back (`host_memory`)
-        self._memory_to_release = False  # a batch ran since the last release
+        self.release_idle_seconds = release_idle_seconds  # once the process has been idle this long
+        self._polled = self._gathered = 0.0  # when the batch's first request and the rest were polled
         # "torch" (in this process) or "vllm" (a child process per weight set, `vllm_engine`);
         # `vllm` holds the VllmOptions. Without the vLLM environment this fails now, not at
         # the first request.
@@ -115,6 +117,19 @@ class SamplerWorker:
 
     def run_once(self, timeout: float = 1.0) -> int:
         records = self.consumer.poll(max_records=self.max_batch_rows, timeout=timeout)
+        if records:
+            with host_memory.working():
+                self._work(records)
+            # Without waiting for the offsets to be durable: the completions are on the log,
+            # so a crash before they are only reruns a sample the store already answered
+            # (its first completion wins); the next batch need not sit through an fsync.
+            self.consumer.commit(wait=False)
+        elif self.release_memory:
+            host_memory.release_if_idle(self.release_idle_seconds)  # see the trainer's run_once
+        return len(records)
+
+    def _work(self, records: list) -> None:
+        self._polled = time.monotonic()  # for the debug line of the batch (`_run`)
         events = self._decode(records)
         # Requests a client sends together reach the log a few milliseconds apart; waiting a
         # moment for the rest turns them into one batch instead of one batch each. While
@@ -122,30 +137,20 @@ class SamplerWorker:
         # `cohort_wait`, for the runs active lately that have no request in it yet
         # (`openrl_core.cohort`): their samples share the decoding steps almost for free.
         deadline = time.monotonic() + self.cohort_wait
-        while records and len(records) < self.max_batch_rows:
+        while len(records) < self.max_batch_rows:
             now = time.monotonic()
             waiting = self.cohort.waits(self._members(events), now, deadline)
             more = self.consumer.poll(max_records=self.max_batch_rows - len(records), timeout=(deadline - now) if waiting else self.linger)
             if not more and not waiting:
                 break
-            records += more
+            records = records + more
             events += self._decode(more)
+        self._gathered = time.monotonic()
         self._late: list[Event] = []
-        sampled = self._dispatch(events)
+        self._dispatch(events)
         while self._late:  # what arrived while a batch waited for its turn and did not join it
             late, self._late = self._late, []
-            sampled = self._dispatch(late) or sampled
-        if sampled:
-            self._memory_to_release = True
-        elif not records and self._memory_to_release and self.release_memory:
-            host_memory.release()  # idle: see the trainer's run_once for why not after every batch
-            self._memory_to_release = False
-        if records:
-            # Without waiting for the offsets to be durable: the completions are on the log,
-            # so a crash before they are only reruns a sample the store already answered
-            # (its first completion wins); the next batch need not sit through an fsync.
-            self.consumer.commit(wait=False)
-        return len(records)
+            self._dispatch(late)
 
     def _dispatch(self, events: list[Event]) -> bool:
         """Cancel, fail or sample each request (one batch per base model); True if any ran."""
@@ -261,14 +266,25 @@ class SamplerWorker:
     def _run(self, job_name: str, prepare, jobs: list[tuple[Event, SampleJob]], join=None) -> None:
         """One batched generation in a turn of `job_name`; `prepare()` gives the engine, and
         `join()`, if given, the late requests that join the batch once the turn is held."""
+        asked = time.monotonic()
+        # The training runs whose samples these are: the device's affinity for a run that just
+        # trained waits for that run's next request, which this batch may be carrying.
+        runs = tuple(sorted({event.data.run_id for event, _job in jobs if event.data.run_id}))
         try:
-            with self.slicer.turn(job_name) as turn:
+            with self.slicer.turn(job_name, serves=runs) as turn:
                 with self._state:
+                    began = time.monotonic()
                     engine = prepare()
                     if join is not None:
                         jobs = jobs + join()
                     results = engine.sample([job for _event, job in jobs])
                 lease = turn.lease_id
+            if log.isEnabledFor(logging.DEBUG):
+                members = sorted({_member(event) for event, _job in jobs})
+                log.debug("sampler: batch of %d requests (%d rows) of %d runs (%s) gathered %.3f s, prepared %.3f s, "
+                          "waited %.3f s for its turn, ran %.3f s",
+                          len(jobs), sum(job.num_samples for _e, job in jobs), len(members), ", ".join(members),
+                          self._gathered - self._polled, asked - self._gathered, began - asked, time.monotonic() - began)  # fmt: skip
         except Exception as exc:
             for event, _job in jobs:
                 self._fail(event, exc)

@@ -69,6 +69,7 @@ class Lease:
         self.revoked: Optional[str] = None
         self.released = False
         self.also: tuple[str, ...] = ()
+        self.serves: tuple[str, ...] = ()
 
     def valid(self) -> bool:
         return self.revoked is None and not self.released and time.monotonic() < self.deadline
@@ -103,7 +104,7 @@ class Turn:
             lease.revoked = lease.revoked or "not current"
         log.warning("timeslicer: lease %s of %s was lost (%s); taking a new one", lease.lease_id, lease.job, lease.revoked)
         self.client.release(lease)
-        self.lease = self.client.acquire(lease.job, also=getattr(lease, "also", ()))
+        self.lease = self.client.acquire(lease.job, also=getattr(lease, "also", ()), serves=getattr(lease, "serves", ()))
         return self.lease.lease_id
 
 
@@ -173,11 +174,17 @@ class TimeslicerClient:
         with self._lock:
             return job in self._jobs
 
-    def acquire(self, job: str, timeout: Optional[float] = None, also: tuple[str, ...] = ()) -> Lease:
-        """A lease on `job`'s device; `also`: more of this worker's jobs the same turn serves."""
+    def acquire(
+        self, job: str, timeout: Optional[float] = None, also: tuple[str, ...] = (), serves: tuple[str, ...] = ()
+    ) -> Lease:
+        """A lease on `job`'s device; `also`: more of this worker's jobs the same turn serves;
+        `serves`: the job groups (runs) whose work the turn carries, for the daemon's affinity."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        message = {"op": "acquire", "job": job, "also": list(also)}
+        if serves:
+            message["serves"] = list(serves)
         while True:
-            reply = self._call({"op": "acquire", "job": job, "also": list(also)}, deadline=deadline, cancellable=True)
+            reply = self._call(dict(message), deadline=deadline, cancellable=True)
             if reply.get("lost"):
                 continue  # the link dropped while waiting: ask again on the new one
             if not reply.get("ok"):
@@ -185,7 +192,7 @@ class TimeslicerClient:
                     raise Fenced(reply["error"])
                 self._check(reply)
             lease = Lease(self, reply)
-            lease.also = tuple(also)
+            lease.also, lease.serves = tuple(also), tuple(serves)
             with self._lock:
                 self._leases[lease.lease_id] = lease
                 for name in (job, *also):
@@ -207,8 +214,10 @@ class TimeslicerClient:
             log.info("timeslicer: release of lease %s: %s", lease.lease_id, reply.get("error"))
 
     @contextmanager
-    def turn(self, job: str, timeout: Optional[float] = None, also: tuple[str, ...] = ()) -> Iterator[Turn]:
-        turn = Turn(self, self.acquire(job, timeout, also))
+    def turn(
+        self, job: str, timeout: Optional[float] = None, also: tuple[str, ...] = (), serves: tuple[str, ...] = ()
+    ) -> Iterator[Turn]:
+        turn = Turn(self, self.acquire(job, timeout, also, serves))
         try:
             yield turn
         finally:

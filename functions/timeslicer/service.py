@@ -9,7 +9,7 @@ sender and changes nothing, so one bad client never stops the others being serve
 Protocol (JSON objects, one per line; `docs/timeslicer.md` is the reference):
     {"op": "hello", "id": 1, "worker": "trainer-a"}        -> devices, policy, lease_seconds
     {"op": "register", "id": 2, "job", "device", "bytes", "parkable", "resident", "group"}
-    {"op": "acquire", "id": 3, "job", "also": [jobs]}       -> answered when granted:
+    {"op": "acquire", "id": 3, "job", "also": [jobs], "serves": [groups]}  -> answered when granted:
                                       {"id": 3, "ok": true, "lease_id", "lease_seconds", "restore", "device"}
     {"op": "cancel", "id": 4, "request": 3}   {"op": "renew"|"release"|"validate", "id", "lease_id"}
     {"op": "parked"|"restored", "id", "job", "seconds", "bytes"}   {"op": "unregister", "id", "job"}
@@ -151,8 +151,11 @@ class SlicerService:
         also = message.get("also") or ()
         if not isinstance(also, (list, tuple)) or not all(isinstance(j, str) and j for j in also):
             raise InvalidRequest("'acquire' takes `also` as a list of job names")
+        serves = message.get("serves") or ()
+        if not isinstance(serves, (list, tuple)) or not all(isinstance(g, str) and g for g in serves):
+            raise InvalidRequest("'acquire' takes `serves` as a list of group names")
         try:
-            effects = self.core.acquire(owner, _text(message, "job"), request, self.clock(), tuple(also))
+            effects = self.core.acquire(owner, _text(message, "job"), request, self.clock(), tuple(also), tuple(serves))
         except OpenRLError:
             self._pending.pop((owner, request), None)
             raise

@@ -26,7 +26,6 @@ import math
 from typing import Mapping
 
 import torch
-from safetensors.torch import save as save_safetensors
 
 from functions.trainer import tensor_files
 from openrl_core.errors import InvalidRequest
@@ -109,7 +108,7 @@ def export_files(params: Mapping[str, torch.nn.Parameter], lora: LoraConfig, bas
     config = peft_config(lora, base_model_name).to_dict()
     config = {key: (sorted(value) if isinstance(value, (set, frozenset)) else value) for key, value in config.items()}
     return {
-        WEIGHTS_FILE: save_safetensors(tensors),
+        WEIGHTS_FILE: tensor_files.save(tensors),
         CONFIG_FILE: json.dumps(config, indent=2, sort_keys=True, default=str).encode(),
     }
 

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional
 
 import torch
-from safetensors.torch import save as save_safetensors
 
 from functions.compute import parking
 from functions.compute.models import ModelFiles, load_causal_lm, parameter_count
@@ -138,7 +137,7 @@ class FullFinetuneEngine:
             exp_avg_sq={k: t.to("cpu", copy=True) for k, t in run.adam.exp_avg_sq.items()},
         )
         marker = json.dumps({"format": MARKER_FORMAT, "base_model": self._files.name}, sort_keys=True).encode()
-        return lambda: {WEIGHTS_FILE: save_safetensors(weights), MARKER_FILE: marker, **optimizer.state_to_files(adam)}
+        return lambda: {WEIGHTS_FILE: tensor_files.save(weights), MARKER_FILE: marker, **optimizer.state_to_files(adam)}
 
     def import_state(self, model_id: str, files: Mapping[str, bytes], with_optimizer: bool) -> None:
         """Load a full run's files into `model_id` (created from the base if missing); every

@@ -30,10 +30,10 @@ from typing import Mapping
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
-from safetensors.torch import save as save_safetensors
 
 from openrl_core.errors import InvalidRequest
 from openrl_core.params import AdamParams
+from functions.trainer import tensor_files
 
 STATE_TENSORS = "optimizer.safetensors"
 STATE_META = "optimizer.json"
@@ -70,34 +70,45 @@ def fresh_state(params: Mapping[str, torch.nn.Parameter]) -> AdamState:
     )
 
 
-def global_grad_norm(grads: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    norms = [torch.linalg.vector_norm(g) for g in grads.values()]
-    if not norms:
+def global_grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    if not grads:
         return torch.zeros(())
-    return torch.linalg.vector_norm(torch.stack(norms))
+    # One norm per tensor, as torch.nn.utils.clip_grad_norm_ takes them on CPU (its
+    # `_foreach_norm` path rounds differently on large tensors).
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
 
 
 @torch.no_grad()
 def adamw_step(params: Mapping[str, torch.nn.Parameter], state: AdamState, hp: AdamParams) -> float:
-    """Apply one AdamW update in place from the parameters' `.grad`; return the pre-clip grad norm."""
-    grads = {name: (p.grad if p.grad is not None else torch.zeros_like(p)) for name, p in params.items()}
+    """Apply one AdamW update in place from the parameters' `.grad`; return the pre-clip grad norm.
+
+    Each line of the update runs over all of the parameters at once (`torch._foreach_*`): a
+    LoRA adapter is hundreds of small tensors, and one Python call per tensor and operation
+    cost more than the arithmetic (SmolLM2, r8: 422 tensors). On CPU those ops apply the same
+    per-tensor kernel to each tensor in turn, so the result is bitwise the single-tensor path's
+    (tested against `torch.optim.AdamW(foreach=False)`)."""
+    names = list(params)  # the caller's order: the norm's sum runs in it, as clip_grad_norm_'s does
+    weights = [params[name] for name in names]
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in weights]
     grad_norm = global_grad_norm(grads)
     if hp.grad_clip_norm > 0:
         coefficient = torch.clamp(hp.grad_clip_norm / (grad_norm + CLIP_EPSILON), max=1.0)
-        grads = {name: g * coefficient for name, g in grads.items()}
+        grads = torch._foreach_mul(grads, coefficient)
 
     state.step += 1
     bias_correction1 = 1.0 - hp.beta1**state.step
     bias_correction2_sqrt = (1.0 - hp.beta2**state.step) ** 0.5  # torch's expression, not math.sqrt
     step_size = hp.learning_rate / bias_correction1
-    for name in sorted(params):
-        p, g = params[name], grads[name]
-        m, v = state.exp_avg[name], state.exp_avg_sq[name]
-        p.mul_(1.0 - hp.learning_rate * hp.weight_decay)
-        m.lerp_(g, 1.0 - hp.beta1)
-        v.mul_(hp.beta2).addcmul_(g, g, value=1.0 - hp.beta2)
-        denominator = (v.sqrt() / bias_correction2_sqrt).add_(hp.eps)
-        p.addcdiv_(m, denominator, value=-step_size)
+    exp_avg = [state.exp_avg[name] for name in names]
+    exp_avg_sq = [state.exp_avg_sq[name] for name in names]
+    torch._foreach_mul_(weights, 1.0 - hp.learning_rate * hp.weight_decay)
+    torch._foreach_lerp_(exp_avg, grads, 1.0 - hp.beta1)
+    torch._foreach_mul_(exp_avg_sq, hp.beta2)
+    torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1.0 - hp.beta2)
+    denominators = torch._foreach_sqrt(exp_avg_sq)
+    torch._foreach_div_(denominators, bias_correction2_sqrt)
+    torch._foreach_add_(denominators, hp.eps)
+    torch._foreach_addcdiv_(weights, exp_avg, denominators, value=-step_size)
     return float(grad_norm)
 
 
@@ -108,7 +119,7 @@ def state_to_files(state: AdamState) -> dict[str, bytes]:
         tensors[f"exp_avg_sq/{name}"] = state.exp_avg_sq[name].detach().cpu().contiguous()
     meta = {"format": STATE_FORMAT, "step": state.step}
     return {
-        STATE_TENSORS: save_safetensors(tensors),
+        STATE_TENSORS: tensor_files.save(tensors),
         STATE_META: json.dumps(meta, sort_keys=True).encode(),
     }
 

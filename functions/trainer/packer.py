@@ -52,7 +52,7 @@ class Packer:
 
     def should_linger(self) -> bool:
         """Wait a moment for more requests only while several LoRA models are training."""
-        return (self.linger > 0 or self.cohort_wait > 0) and len(self.cohort.active(time.monotonic())) >= 2
+        return (self.linger > 0 or self.cohort_wait > 0) and len(self.cohort.expected(time.monotonic())) >= 2
 
     def take(self, ready: dict[str, list]) -> dict[str, list]:
         """Remove the packable leading requests from `ready`: base model -> [(model, items)],
@@ -110,14 +110,17 @@ class Packer:
             return
         jobs = [worker._job(model_id) for model_id in models]
         computed = False
+        asked = time.monotonic()
         try:
             with worker.slicer.turn(jobs[0], also=tuple(jobs[1:])) as turn:
                 with worker._state:
+                    began = time.monotonic()
                     started = datetime.now(timezone.utc)
                     for model_id in models:
                         worker._ensure_resident(model_id, turn)
                     results = engine.forward_backward_many(requests)
                     computed = True
+                passed = time.monotonic()
                 lease = turn.confirm()
                 self._publish(checked, results, started, lease)
                 # Their answers go out together at the end of the turn: the models finish their
@@ -146,7 +149,8 @@ class Packer:
             for _model_id, ready in members:
                 worker._run_ready(ready)
             return
-        log.debug("trainer: packed %d requests of %d models on %s (%s)", len(requests), len(models), base, ", ".join(models))
+        log.debug("trainer: packed %d requests of %d models on %s (%s) waited %.3f s for its turn, pass %.3f s, follow-ups %.3f s",
+                  len(requests), len(models), base, ", ".join(models), began - asked, passed - began, time.monotonic() - passed)  # fmt: skip
 
     def _publish(self, checked: list, results: list, started: datetime, lease) -> None:
         """The pass's answers, in one append."""

@@ -85,6 +85,7 @@ class TrainerOptions:
     pack_max_rows: int = 256
     pack_max_shared_bytes: int = 1 << 30  # estimated activations of a pass several models share
     release_memory: bool = True  # give the pass's freed activations back to the system (`host_memory`)
+    release_idle_seconds: float = 1.0  # once the process has been idle this long
 
 
 class TrainerWorker:
@@ -108,7 +109,6 @@ class TrainerWorker:
         self.models = models
         self.device = device
         self.options = options
-        self._memory_to_release = False  # a pass ran since the last release (`run_once`)
         self.instance = instance_id or group
         self.slicer = slicer or private(self.instance)
         self.slicer.on_park = self._park
@@ -154,7 +154,23 @@ class TrainerWorker:
 
     def run_once(self, timeout: float = 1.0) -> int:
         records = self.consumer.poll(max_records=64, timeout=timeout)
-        if records and self.packer.should_linger():
+        if records:
+            with host_memory.working():
+                records = self._work(records)
+        elif self.options.release_memory:
+            # Idle: give back what the passes freed, once the whole process has been idle a
+            # moment (`host_memory`). Not after every pass: on SmolLM2 (8 x 128 tokens) a trim
+            # took ~0.6 s of a ~4 s step, on the path of the request waiting behind it
+            # (bench/fwdbwd_roundtrip.py: 1.08x vs 0.95x); nor at every idle poll: an RL
+            # loop's trainer is idle while its samples run, and re-faulting a pass's pages
+            # every step cost ~0.5 s a pass.
+            host_memory.release_if_idle(self.options.release_idle_seconds)
+        self._settle(bool(records))
+        return len(records)
+
+    def _work(self, records: list) -> list:
+        """Run what `records` (and what arrives meanwhile) make ready; the records polled."""
+        if self.packer.should_linger():
             # Several LoRA models are training: a moment more gathers their requests into
             # shared passes. The SDKs send them a few milliseconds apart (`linger`), and the
             # models active lately that have nothing here yet may be a few tens of
@@ -182,16 +198,7 @@ class TrainerWorker:
             ready.setdefault(model_id, []).extend(items)
         self._ready = {}
         self._run_fairly(ready)
-        if ready:
-            self._memory_to_release = True
-        elif not records and self._memory_to_release and self.options.release_memory:
-            # Idle (a poll found nothing): give back what the passes freed. Not after every
-            # pass: on SmolLM2 (8 x 128 tokens) a trim took ~0.6 s of a ~4 s step, on the path
-            # of the request waiting behind it (bench/fwdbwd_roundtrip.py: 1.08x vs 0.95x).
-            host_memory.release()
-            self._memory_to_release = False
-        self._settle(bool(records))
-        return len(records)
+        return records
 
     def _settle(self, polled: bool) -> None:
         settled = self.recovery.settle(self.slots)

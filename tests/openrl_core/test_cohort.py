@@ -45,3 +45,26 @@ def test_members_quiet_for_longer_than_active_seconds_are_no_longer_waited_for()
 def test_active_seconds_must_be_positive():
     with pytest.raises(ValueError):
         Cohort(active_seconds=0)
+
+
+def test_a_member_waited_for_in_vain_is_not_waited_for_again_until_it_sends():
+    cohort = Cohort(active_seconds=10)
+    cohort.saw("ended", now=0.0)  # a run that has finished, still within active_seconds
+    cohort.saw("a", now=1.0)
+    assert cohort.waits({"a"}, now=1.0, deadline=1.1)
+    assert not cohort.waits({"a"}, now=1.1, deadline=1.1)  # the deadline passed: it is late
+    assert cohort.missing({"a"}, now=2.0) == set()  # so the next batch does not wait for it
+    assert not cohort.waits({"a"}, now=2.0, deadline=2.1)
+    assert cohort.expected(now=2.0) == {"a"}
+    cohort.saw("ended", now=3.0)  # it sends again: waited for as before
+    assert cohort.missing({"a"}, now=3.5) == {"ended"}
+    assert cohort.expected(now=3.5) == {"a", "ended"}
+
+
+def test_only_the_members_still_missing_at_the_deadline_become_late():
+    cohort = Cohort(active_seconds=10)
+    for member in ("a", "b", "c"):
+        cohort.saw(member, now=0.0)
+    assert not cohort.waits({"a", "b"}, now=1.0, deadline=1.0)
+    assert cohort.missing({"a"}, now=1.5) == {"b"}  # b came in time; only c is late
+    assert cohort.waits({"a"}, now=1.5, deadline=2.0)

@@ -296,6 +296,26 @@ def test_affinity_does_not_wait_for_a_run_whose_only_owner_has_moved_on_to_anoth
     assert [g.job for g in grants(ts.tick(2.05))] == ["t/model/run-a"]
 
 
+def test_a_waiter_carrying_the_runs_work_is_its_next_request_and_is_served_at_once():
+    # A LoRA run's samples run on the sampler's shared base job, which belongs to no run: the
+    # batch names the runs it serves, and the device does not idle waiting for what waits.
+    ts = slicer(policy=Policy.FIFO, affinity_seconds=0.5, quantum_seconds=10)
+    ts.register("trainer", "t/model/run-a", "cpu:0", 1, True, True, 0, group="run-a")
+    ts.register("sampler", "s/base/smol", "cpu:0", 1, False, True, 0)
+    first = grants(ts.acquire("trainer", "t/model/run-a", "r1", 0))[0]
+    assert grants(ts.release("trainer", first.lease_id, 1.0)) == []
+    [nxt] = grants(ts.acquire("sampler", "s/base/smol", "r2", 1.01, serves=("run-a", "run-c")))
+    assert nxt.job == "s/base/smol"
+    # one carrying other runs' work only is still held back for the window
+    second = grants(ts.acquire("trainer", "t/model/run-a", "r3", 1.1))
+    assert second == []
+    [again] = grants(ts.release("sampler", nxt.lease_id, 1.2))
+    assert again.job == "t/model/run-a"
+    assert grants(ts.release("trainer", again.lease_id, 1.3)) == []
+    assert grants(ts.acquire("sampler", "s/base/smol", "r4", 1.31, serves=("run-b",))) == []
+    assert [g.job for g in grants(ts.tick(1.85))] == ["s/base/smol"]
+
+
 def test_affinity_ends_with_the_quantum_and_never_passes_an_aged_waiter():
     ts = slicer(policy=Policy.FIFO, affinity_seconds=1.0, quantum_seconds=3, aging_seconds=5)
     ts.register("w", "a", "cpu:0", 1, True, True, 0, group="A")

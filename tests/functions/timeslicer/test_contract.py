@@ -254,13 +254,14 @@ def test_malformed_messages_get_an_error_and_everyone_else_is_served(make):
         {"op": "acquire", "id": 4, "job": "never-registered"},
         {"op": "release", "id": 5, "lease_id": 12345},
         {"op": "renew", "id": 6},
+        {"op": "acquire", "id": 7, "job": "never-registered", "serves": "run-a"},  # not a list
     ]
     for message in bad:
         reply = raw.ask(message)
         assert reply["ok"] is False and reply["error"] and reply["code"] in (400, 404, 409), reply
     client = rig.client("fine")
     client.register("j", 1, DEVICE)
-    with client.turn("j") as turn:
+    with client.turn("j", serves=("run-a",)) as turn:  # the groups it carries travel with the acquire
         assert turn.confirm() == turn.lease_id
 
 

@@ -112,3 +112,62 @@ def test_engine_optim_step_matches_reference_adamw(engine):
             np.testing.assert_allclose(value, reference.p[key], rtol=1e-5, atol=1e-6, err_msg=key)
         assert all(not g.any() for g in engine.adapter_gradients("m").values()), "optim_step clears gradients"
     assert clip_bound, "the test must exercise a binding grad_clip_norm"
+
+
+def _per_tensor_step(params, state, hp):
+    """The update one tensor at a time, line by line as torch's single-tensor AdamW does it
+    (with torch's clip_grad_norm_ rule in front): what `adamw_step` must equal bitwise."""
+    with torch.no_grad():
+        grads = {n: (p.grad if p.grad is not None else torch.zeros_like(p)) for n, p in params.items()}
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads.values()]))
+        if hp.grad_clip_norm > 0:
+            coefficient = torch.clamp(hp.grad_clip_norm / (norm + optimizer.CLIP_EPSILON), max=1.0)
+            grads = {n: g * coefficient for n, g in grads.items()}
+        state.step += 1
+        bc2_sqrt = (1.0 - hp.beta2**state.step) ** 0.5
+        step_size = hp.learning_rate / (1.0 - hp.beta1**state.step)
+        for n in sorted(params):
+            p, g, m, v = params[n], grads[n], state.exp_avg[n], state.exp_avg_sq[n]
+            p.mul_(1.0 - hp.learning_rate * hp.weight_decay)
+            m.lerp_(g, 1.0 - hp.beta1)
+            v.mul_(hp.beta2).addcmul_(g, g, value=1.0 - hp.beta2)
+            p.addcdiv_(m, (v.sqrt() / bc2_sqrt).add_(hp.eps), value=-step_size)
+        return float(norm)
+
+
+def test_adamw_step_is_bitwise_the_per_tensor_update_and_torch_adamw():
+    rng = np.random.default_rng(1)
+    # Many tensors, not in sorted order: the norm must sum in the caller's order, as
+    # clip_grad_norm_ does (in sorted order its bits differ here).
+    shapes = {"b.lora_A": (8, 49152), "a.lora_B": (1536, 8), "c": (3,), "a.lora_A": (8, 576), "d.lora_B": (192, 8)}
+    shapes.update({f"layer.{i:02d}": (int(n), 8) for i, n in zip(range(60, 0, -1), rng.integers(1, 600, size=60))})
+    start = {k: rng.normal(scale=0.1, size=s).astype(np.float32) for k, s in shapes.items()}
+    ours = {k: torch.nn.Parameter(torch.tensor(v)) for k, v in start.items()}
+    mine = {k: torch.nn.Parameter(torch.tensor(v)) for k, v in start.items()}
+    theirs = {k: torch.nn.Parameter(torch.tensor(v)) for k, v in start.items()}
+    ours_state, mine_state = optimizer.fresh_state(ours), optimizer.fresh_state(mine)
+    for step, hp in enumerate(STEPS * 2):
+        grads = {k: rng.normal(scale=0.5, size=s).astype(np.float32) for k, s in shapes.items()}
+        for group in (ours, mine, theirs):
+            for k, p in group.items():
+                p.grad = None if (k == "c" and step == 1) else torch.tensor(grads[k])  # one missing gradient
+        assert optimizer.adamw_step(ours, ours_state, hp) == _per_tensor_step(mine, mine_state, hp)
+        for k in shapes:
+            assert torch.equal(ours[k], mine[k]), k
+            assert torch.equal(ours_state.exp_avg[k], mine_state.exp_avg[k]) and torch.equal(ours_state.exp_avg_sq[k], mine_state.exp_avg_sq[k])
+    # torch's own AdamW (single-tensor path), without clipping, which it does not do itself
+    hp = AdamParams(learning_rate=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, grad_clip_norm=0.0)
+    reference = torch.optim.AdamW(list(theirs.values()), lr=hp.learning_rate, betas=(hp.beta1, hp.beta2), eps=hp.eps,
+                                  weight_decay=hp.weight_decay, foreach=False)  # fmt: skip
+    fresh = {k: torch.nn.Parameter(torch.tensor(v)) for k, v in start.items()}
+    fresh_state = optimizer.fresh_state(fresh)
+    for _ in range(3):
+        grads = {k: rng.normal(scale=0.5, size=s).astype(np.float32) for k, s in shapes.items()}
+        for group in (fresh, theirs):
+            for k, p in group.items():
+                p.grad = torch.tensor(grads[k])
+        optimizer.adamw_step(fresh, fresh_state, hp)
+        reference.step()
+    for k in shapes:
+        assert torch.equal(fresh[k], theirs[k]), k
+        assert not torch.equal(fresh[k], torch.tensor(start[k]))
