@@ -7,10 +7,12 @@ with a full forward per token (no cache, no batch), in float64 log-softmax. The 
 the base model and both adapters in one batch, with their rows interleaved.
 
 Precision: on the tiny model (float32) logprobs agree within 1e-5. On SmolLM2 in float32 they
-are held to 1e-4 (tokens identical): float32 alone puts SmolLM2's logprobs ~3e-5 from the
-float64 reference even for the base model with no adapter (measured 2.6e-5 for a prompt
-logprob, one row alone; a 49,152-entry log-softmax and 30 layers of rounding), and peft's own
-float32 mixed batch is as far off as this engine. So LoRA's arithmetic is checked exactly on
+are held to 3e-4 (tokens identical): float32 alone puts SmolLM2's logprobs up to ~1e-4 from
+the float64-softmax reference even for a base-model row that no adapter touches (measured
+with one torch thread, as `make test` runs: 7.2e-6 for a prompt logprob of the row alone,
+1.23e-4 for the same row inside the interleaved 9-row batch below, where the GEMMs' blocking
+differs with the row count; a 49,152-entry log-softmax over 30 layers of rounding), and
+peft's own float32 mixed batch is as far off as this engine. So LoRA's arithmetic is checked exactly on
 SmolLM2 in float64, one padded pass against peft's mixed batch (measured ~1e-14 apart).
 """
 
@@ -48,7 +50,7 @@ ADAPTERS = {
 
 
 # model -> the float32 logprob tolerance against peft (see the module docstring).
-CASES = {"tiny": TOLERANCE, "smol": 1e-4}
+CASES = {"tiny": TOLERANCE, "smol": 3e-4}
 
 
 @pytest.fixture(scope="module")
