@@ -116,6 +116,7 @@ class Node:
                 pack_max_shared_bytes=settings.trainer_pack_max_shared_mib << 20,
                 release_memory=settings.release_host_memory,
                 release_idle_seconds=settings.release_host_memory_idle_ms / 1000,
+                release_runs_after=settings.trainer_release_runs_after_s,
             )  # fmt: skip
             self.trainer = TrainerWorker(
                 rt.bus, rt.publisher, rt.blobs, rt.models, slicer("trainer"), settings.device,

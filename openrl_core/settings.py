@@ -232,6 +232,10 @@ class Settings(BaseSettings):
         8192, ge=16, description="padded tokens one trainer pass may hold (several models' requests share passes)"
     )
     trainer_pack_max_rows: int = Field(256, ge=1, description="sequences one trainer pass may hold")
+    trainer_release_runs_after_s: float = Field(
+        900.0, ge=0, description="seconds without a request after which the trainer releases a run's state from "
+        "memory (snapshotted first; its next request restores it, bitwise); 0: never. Needs snapshot_every_steps > 0",
+    )
     trainer_pack_max_shared_mib: int = Field(
         1024, ge=1, description="estimated activation memory (logits + saved decoder activations) of a pass "
         "several models share; bigger requests run in passes of their own, where sharing stops paying",

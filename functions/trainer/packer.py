@@ -87,9 +87,12 @@ class Packer:
         sampler."""
         worker = self.worker
         items = [(model_id, record, event) for model_id, ready in members for _seq, (record, event) in ready]
-        for model_id, record, _event in items:
+        for model_id, record, event in items:
             worker.offsets.release(record.topic, record.partition, record.offset)
-            worker.slots[model_id].applied(position(record))
+            slot = worker.slots[model_id]
+            slot.applied(position(record))
+            if not event.data.forward_only:
+                slot.clean = False  # gradients accumulate (even if the pass fails: then they are unknown)
         models = list(dict.fromkeys(model_id for model_id, _record, _event in items))
         engine = worker.engine(base)
         files = worker.models.files(base)

@@ -13,6 +13,7 @@ state an uninterrupted trainer would have.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -41,12 +42,22 @@ class ModelSlot:
     since_pending: list[Position] = field(default_factory=list)
     steps_since_snapshot: int = 0
     full: bool = False  # a full fine-tuning run (its own weights), not a LoRA adapter
+    # For releasing idle runs (`openrl_core.eviction`): when it last ran a request, and whether
+    # it is at a clean point (no gradients accumulated since its last optim_step or weight load).
+    last_active: float = field(default_factory=time.monotonic)
+    clean: bool = True
 
     def applied(self, where: Position) -> None:
         if self.anchor is None:
             self.anchor = where
         if self.pending_seq is not None:
             self.since_pending.append(where)
+        self.last_active = time.monotonic()
+
+    @property
+    def covered(self) -> bool:
+        """Whether a durable snapshot holds every request this run applied (recovery on)."""
+        return self.anchor is None and self.pending_seq is None
 
 
 class Recovery:
@@ -60,6 +71,16 @@ class Recovery:
         slot.steps_since_snapshot += 1
         if not self.every_steps or slot.steps_since_snapshot < self.every_steps or slot.pending_seq is not None:
             return
+        self._submit(model_id, slot, seq_id, copy_state)
+
+    def snapshot_now(self, model_id: str, slot: ModelSlot, copy_state: Callable) -> None:
+        """A snapshot of everything the run applied so far, before it is released; the caller
+        holds the run's state lock and checked that it is at a clean point (`slot.clean`)."""
+        if self.snapshotter is None or slot.pending_seq is not None:
+            return
+        self._submit(model_id, slot, slot.gate.next_seq - 1, copy_state)
+
+    def _submit(self, model_id: str, slot: ModelSlot, through_seq: int, copy_state: Callable) -> None:
         job = SnapshotJob(
             tenant=slot.tenant,
             model_id=model_id,
@@ -67,10 +88,10 @@ class Recovery:
             base_model=slot.base_model,
             lora_config=slot.lora_config or LoraConfig(rank=1),
             full_finetune=slot.full,
-            next_seq=seq_id + 1,
+            next_seq=through_seq + 1,
             encode=copy_state(model_id),  # the copy happens here, on the training thread
         )
-        slot.pending_seq, slot.since_pending, slot.steps_since_snapshot = seq_id, [], 0
+        slot.pending_seq, slot.since_pending, slot.steps_since_snapshot = through_seq, [], 0
         self.snapshotter.submit(job)
 
     def settle(self, slots: dict[str, ModelSlot]) -> list[tuple[str, SnapshotTaken]]:

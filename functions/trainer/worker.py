@@ -21,6 +21,12 @@ A cancelled run (`training.run.cancelled`, on the run's own topic and key, so af
 earlier requests) loses everything it held here: requests still waiting, adapter or weights
 and optimizer state, its timeslicer job; any later event of it is ignored.
 
+A run that sent nothing for `release_idle_seconds` is released (`openrl_core.eviction`): at a
+clean point, once a durable snapshot covers everything it applied (one is taken first if
+needed), its state and timeslicer job go, and its next request restores it from that
+snapshot as a replacement trainer would. So memory holds the runs in use, not every run
+this trainer ever served.
+
 A fork (`training.fork.requested`) arrives like a create_model, on the new run's key: the
 run is rebuilt as the event says (`forks`: the parent's snapshot or creation, then its
 logged requests) and saved with its optimizer as the fork's first checkpoint.
@@ -58,6 +64,7 @@ from openrl_core.events import training as te
 from openrl_core.events.base import event_type
 from openrl_core.events.lifecycle import CheckpointSaved, RequestCompleted, RequestFailed, SamplingSessionBound
 from openrl_core.events.recovery import SNAPSHOT_TAKEN
+from openrl_core.eviction import Action, RunFacts, decide
 from openrl_core.fairness import FairQueue
 from openrl_core.seqgate import SeqGate
 from openrl_core.tensors import Array
@@ -86,6 +93,7 @@ class TrainerOptions:
     pack_max_shared_bytes: int = 1 << 30  # estimated activations of a pass several models share
     release_memory: bool = True  # give the pass's freed activations back to the system (`host_memory`)
     release_idle_seconds: float = 1.0  # once the process has been idle this long
+    release_runs_after: float = 0.0  # seconds without a request before a run's state is released (0: never)
 
 
 class TrainerWorker:
@@ -166,6 +174,8 @@ class TrainerWorker:
             # every step cost ~0.5 s a pass.
             host_memory.release_if_idle(self.options.release_idle_seconds)
         self._settle(bool(records))
+        if not records:
+            self._release_idle_runs()
         return len(records)
 
     def _work(self, records: list) -> list:
@@ -338,8 +348,10 @@ class TrainerWorker:
 
             # Recovery's bookkeeping happens as each request runs, in order: a snapshot taken
             # after an optim_step must see the requests after it as not yet covered.
-            def before(slot=slot, where=position(record)):
+            def before(slot=slot, where=position(record), gradients=_accumulates(event)):
                 slot.applied(where)
+                if gradients:
+                    slot.clean = False  # even if it fails midway: its gradients are unknown
 
             after = None
             if event.type == te.OPTIM_STEP["requested"]:
@@ -389,6 +401,8 @@ class TrainerWorker:
                     started = datetime.now(timezone.utc)
                     self._ensure_resident(model_id, turn)
                     outcome = with_started(handler(event), started)
+                    if event.type in _CLEANS and (slot := self.slots.get(model_id)) is not None:
+                        slot.clean = True  # the step (or the load) consumed the gradients
                     if after is not None:
                         after()
             except Exception as exc:  # reported on its own future
@@ -504,6 +518,31 @@ class TrainerWorker:
             self.slicer.unregister(self._job(model_id))
         self.packer.forget(model_id)
         log.info("trainer: %s was cancelled; dropped its state and %d request(s) not yet run", model_id, len(waiting))
+
+    def _release_idle_runs(self) -> None:
+        """Release the runs idle for `release_runs_after` (see the module docstring)."""
+        after = self.options.release_runs_after
+        if after <= 0 or self.recovery.snapshotter is None:
+            return  # without snapshots a released run could not come back
+        now = time.monotonic()
+        for model_id, slot in list(self.slots.items()):
+            facts = RunFacts(
+                idle_seconds=now - slot.last_active, clean=slot.clean, busy=bool(slot.gate.held),
+                snapshot_in_flight=slot.pending_seq is not None, covered=slot.covered,
+            )  # fmt: skip
+            action = decide(facts, after)
+            if action is Action.SNAPSHOT:
+                with self.slicer.turn(self._job(model_id)) as turn:
+                    with self._state:
+                        self._ensure_resident(model_id, turn)
+                        self.recovery.snapshot_now(model_id, slot, self._engine(slot).copy_state)
+            elif action is Action.RELEASE:
+                with self._state:
+                    self._forget(model_id)
+                if self.slicer.registered(self._job(model_id)):
+                    self.slicer.unregister(self._job(model_id))
+                self.packer.forget(model_id)
+                log.info("trainer: released %s after %.0f s idle; its next request restores its snapshot", model_id, facts.idle_seconds)
 
     def _forget(self, model_id: str) -> None:
         slot = self.slots.pop(model_id, None)
@@ -677,6 +716,14 @@ class TrainerWorker:
 
     def _read(self, tenant: str, refs) -> dict[str, bytes]:
         return {name: self.blobs.get(tenant, ref) for name, ref in refs.items()}
+
+
+# Requests after which a run holds no accumulated gradients.
+_CLEANS = (te.OPTIM_STEP["requested"], te.LOAD_WEIGHTS["requested"])
+
+
+def _accumulates(event: Event) -> bool:
+    return event.type == te.FORWARD_BACKWARD["requested"] and not event.data.forward_only
 
 
 def with_started(outcome: dict, started: datetime) -> dict:

@@ -5,7 +5,10 @@ the caller abandons is cancelled on the server (`sample_cancel_enabled`) instead
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import time
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -13,6 +16,7 @@ import tinker
 from tinker import types
 from tinker.lib import api_future_impl
 
+from functions.timeslicer.setup import socket_path
 from tests.e2e.conftest import API_KEY
 
 pytestmark = pytest.mark.e2e
@@ -25,6 +29,17 @@ def server_flags(url: str) -> tuple[dict, dict]:
     static = httpx.post(url + "/api/v1/client/config", json={"sdk_version": tinker.__version__}, headers=headers).json()
     dynamic = httpx.post(url + "/api/v1/client/dynamic_config", json={"sdk_version": tinker.__version__}, headers=headers).json()
     return static, dynamic
+
+
+def sampler_computes(server) -> bool:
+    """Whether the sampler holds the accelerator now (asked of the server's own timeslicer)."""
+    path = socket_path(SimpleNamespace(timeslicer_socket=None, data_dir=server.data_dir))
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(str(path))
+        sock.sendall(b'{"op": "status", "id": 1}\n')
+        status = json.loads(sock.makefile("rb").readline())["status"]
+    return any(d["holder"] is not None and "sampler" in d["holder"]["job"] for d in status["devices"])
 
 
 def record_request_ids(monkeypatch) -> list[str]:
@@ -66,7 +81,10 @@ def test_an_abandoned_sample_is_cancelled_before_it_runs(sdk_env, monkeypatch):
         busy = sampler.sample(PROMPT, 1, types.SamplingParams(max_tokens=60, temperature=1.0, seed=1, stop=[]))
         while len(ids) == submitted:  # the server has the long one (its future exists) ...
             await asyncio.sleep(0.02)
-        await asyncio.sleep(0.3)  # ... and the sampler has taken it (it polls at once)
+        deadline = time.monotonic() + 30
+        while not sampler_computes(sdk_env) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)  # ... and the sampler has started it (on a busy machine, not at once)
+        assert sampler_computes(sdk_env), "the sampler never took the long sample"
         queued = sampler.sample(PROMPT, 1, types.SamplingParams(max_tokens=3, seed=2, stop=[]))
         with pytest.raises(asyncio.TimeoutError):
             await queued.result_async(timeout=0.2)

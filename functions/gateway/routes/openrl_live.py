@@ -142,11 +142,13 @@ async def run_events(
     async def stream() -> AsyncIterator[str]:
         deadline = time.monotonic() + ctx.settings.event_stream_seconds
         quiet_since = time.monotonic()
-        yield f"retry: {int(POLL_SECONDS * 1000)}\n\n"
         with ctx.waiters.watch_all() as woken:
             # Cleared before each read, so a completion stored while the read runs still
             # wakes the wait after it.
             position, batch = await run_in_threadpool(first)
+            # Only now the first byte: a client that acts once the stream has started (as
+            # soon as it sees this line) must find its events after the starting position.
+            yield f"retry: {int(POLL_SECONDS * 1000)}\n\n"
             while True:
                 for event in batch:
                     position = event["position"]

@@ -14,7 +14,7 @@ from eventing.codec import Codec
 from eventing.embedded_log import EmbeddedLog
 from functions.compute.models import ModelDirectory
 from functions.trainer.snapshots import SnapshotStore
-from functions.trainer.worker import TrainerWorker
+from functions.trainer.worker import TrainerOptions, TrainerWorker
 from openrl_core.catalog import Catalog, TINY_QWEN3
 from openrl_core.datum import Datum, DatumRecord
 from openrl_core.events import new_event
@@ -50,13 +50,13 @@ def history() -> list:
 class Node:
     """One trainer process: a log handle, a worker, a completions reader."""
 
-    def __init__(self, root, every):
+    def __init__(self, root, every, options=TrainerOptions()):
         self.log = EmbeddedLog(root / "log.db")
         codec = Codec(BlobStore(root / "blobs"))
         self.publisher = EventPublisher(self.log, codec)
         self.worker = TrainerWorker(
             self.log, self.publisher, codec.blobs, ModelDirectory(Catalog.from_names([TINY_QWEN3])),
-            snapshots=SnapshotStore(root / "snapshots", codec.blobs), snapshot_every_steps=every,
+            snapshots=SnapshotStore(root / "snapshots", codec.blobs), snapshot_every_steps=every, options=options,
         )  # fmt: skip
         self.reader = self.log.consumer(f"reader-{id(self)}", pattern=topics.pattern("completions"))
         self.codec = codec
