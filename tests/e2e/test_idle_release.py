@@ -4,7 +4,8 @@
 nothing until the server's log says it released A (after a snapshot of it), then trains two
 more; run B (same seed, same data) trains its four steps straight. The trainer restored A
 from its snapshot on A's next request, so every loss A reports, and a forward pass after the
-last step, equal B's bit for bit.
+last step, equal B's bit for bit. The same for two full fine-tuning runs, whose samplers
+(fed by weight deltas, and by a full version after A's restore) then sample alike.
 """
 
 from __future__ import annotations
@@ -70,3 +71,26 @@ def test_a_released_run_resumes_bitwise_like_a_run_never_released(server):
     after_b = b.forward([datum(4)], "cross_entropy").result().metrics["loss:sum"]
     assert after_a == after_b
     assert re.search(rf"restored {re.escape(a.model_id)} from its snapshot", server.log_path.read_text())
+
+
+def test_a_released_full_finetuning_run_resumes_and_publishes_like_one_never_released(server):
+    """A full run's weights and optimizer come back from the snapshot, and its samplers (whose
+    weights follow it by deltas against the last published version) sample as B's do."""
+    service = tinker.ServiceClient(base_url=server.url, api_key=KEY)
+    full = {"openrl.full_finetune": "true"}
+    a = service.create_lora_training_client(base_model=MODEL, user_metadata=full).result()
+    b = service.create_lora_training_client(base_model=MODEL, user_metadata=full).result()
+    prompt = types.ModelInput.from_ints([785, 3974, 13876, 38835])
+    greedy = types.SamplingParams(max_tokens=6, temperature=0.0, stop=[])
+
+    def trained(training, index: int):
+        loss = step(training, index)
+        sample = training.save_weights_and_get_sampling_client().result().sample(prompt, 1, greedy).result().sequences[0]
+        return loss, sample.tokens, sample.logprobs
+
+    runs_a = [trained(a, 0)]
+    assert released(server, a.model_id), server.log_tail()
+    runs_a += [trained(a, 1), trained(a, 2)]
+    runs_b = [trained(b, i) for i in range(3)]
+    assert runs_a == runs_b
+    assert runs_a[2][0] != runs_a[0][0]
