@@ -2,9 +2,9 @@
 
 `run(peft, requests, params, limits)` plans passes (`openrl_core.packing`), and for each pass
 right-pads its rows to the pass's bucket, runs the shared decoder once with every LoRA layer
-applying each unit's adapter to that unit's rows only (`_unit_adapters`), projects the pass's
-positions through lm_head in shared chunks, each unit's LoRA on lm_head added into its own
-rows (`_unit_logprobs`), computes each unit's Tinker losses and sums them into one backward
+applying each unit's adapter to that unit's rows only (`_unit_adapters`, one `_LayerLora` node
+a layer), projects the pass's positions through lm_head (in chunks the units share when lm_head
+has no LoRA, else a unit's own, `_unit_logprobs`), computes each unit's Tinker losses and sums them into one backward
 (the sum's gradient is 1 for every unit, so each unit gets exactly its own).
 
 Why this is bitwise what a model computes alone: alone is this same code with one request,
@@ -129,24 +129,24 @@ def _unit_adapters(decoder, sizes: list[int], names: list[str]):
     Why not PEFT's own mixed-adapter batch (`adapter_names`): it gathers and scatters each
     adapter's rows by index, and the backward of every gather fills a zero tensor the size of
     the whole input, per adapter and layer: with eight adapters that ate the gain of sharing
-    the pass. Units are contiguous here, so a split (whose backward is a concatenation) and a
-    concatenation do the same with no fills; each unit's LoRA product covers exactly its rows,
-    as alone.
+    the pass. Units are contiguous here, so each unit's LoRA product is added into its own row
+    range of the base output in place (`_LayerLora`), with no fills, splits or concatenations;
+    each unit's LoRA product covers exactly its rows, as alone.
     """
     layers = [m for m in decoder.modules() if isinstance(getattr(m, "lora_A", None), torch.nn.ModuleDict)]
 
+    bounds = np.cumsum([0, *sizes]).tolist()
+    spans = list(zip(bounds[:-1], bounds[1:], names))
+
     def forward(layer, x, *args, **kwargs):
         result = layer.base_layer(x, *args, **kwargs)
-        parts = []
-        for part, name in zip(x.split(sizes, dim=0), names):
-            if name in layer.lora_A:
-                # Scaled at rank width (rows x r), not at the layer's output width (rows x
-                # out, up to ~200x more elements): a unit's LoRA is many small ops per pass.
-                down = layer.lora_A[name](layer.lora_dropout[name](part.to(layer.lora_A[name].weight.dtype)))
-                parts.append(layer.lora_B[name](down * layer.scaling[name]).to(result.dtype))
-            else:  # this adapter does not train this layer
-                parts.append(result.new_zeros((part.shape[0], *result.shape[1:])))
-        return result + (parts[0] if len(parts) == 1 else torch.cat(parts))
+        units = [(first, last, layer.scaling[name], layer.lora_A[name].weight, layer.lora_B[name].weight)
+                 for first, last, name in spans if name in layer.lora_A]  # fmt: skip
+        if not units:
+            return result
+        x = x.to(units[0][3].dtype)
+        weights = [w for *_rows, A_R_I, B_O_R in units for w in (A_R_I, B_O_R)]
+        return _LayerLora.apply(x, result.to(units[0][3].dtype), tuple(u[:3] for u in units), *weights).to(result.dtype)
 
     for layer in layers:
         layer.forward = functools.partial(forward, layer)
@@ -157,16 +157,73 @@ def _unit_adapters(decoder, sizes: list[int], names: list[str]):
             del layer.forward  # back to the class's own forward
 
 
+class _LayerLora(torch.autograd.Function):
+    """Every unit's LoRA product on its own rows of one layer, `(x · Aᵀ · scaling) · Bᵀ`, added
+    in place into the base layer's output, with the backward written out.
+
+    The products autograd would form, in one graph node per layer instead of about a dozen per
+    unit (two linears, a scale, views, transposes, and the split and concatenation that kept
+    each unit on its rows): a pass runs this for every targeted layer, each unit on a few
+    dozen rows, where the framework's per-op cost and the concatenation's copy of the whole
+    output outweighed the arithmetic. The base output's gradient passes through unchanged.
+    Alone and packed both run it, and each unit's products cover exactly its rows, so a
+    unit's bits are the same either way. Rows of units whose adapter skips the layer keep the
+    base output (and get no gradient from here).
+    """
+
+    @staticmethod
+    def forward(ctx, x, base, units, *weights):
+        x_N_I, out_N_O = x.reshape(-1, x.shape[-1]), base.view(-1, base.shape[-1])
+        per_row = x_N_I.shape[0] // x.shape[0]  # positions per sequence
+        scaled = []
+        for (first, last, scaling), A_R_I, B_O_R in zip(units, weights[0::2], weights[1::2]):
+            rows = slice(first * per_row, last * per_row)
+            scaled_S_R = (x_N_I[rows] @ A_R_I.t()) * scaling  # scaled at rank width, not output width
+            out_N_O[rows].addmm_(scaled_S_R, B_O_R.t())
+            scaled.append(scaled_S_R)
+        ctx.mark_dirty(base)
+        ctx.save_for_backward(x_N_I, *weights, *scaled)
+        ctx.units, ctx.per_row, ctx.shape = units, per_row, x.shape
+        return base
+
+    @staticmethod
+    def backward(ctx, g_base):
+        x_N_I, *saved = ctx.saved_tensors
+        weights, scaled = saved[: 2 * len(ctx.units)], saved[2 * len(ctx.units) :]
+        need_x = ctx.needs_input_grad[0]
+        g_N_O = g_base.reshape(-1, g_base.shape[-1])
+        g_x_N_I = x_N_I.new_zeros(x_N_I.shape) if need_x else None
+        grads = []
+        for index, (first, last, scaling) in enumerate(ctx.units):
+            A_R_I, B_O_R, scaled_S_R = weights[2 * index], weights[2 * index + 1], scaled[index]
+            need_A, need_B = ctx.needs_input_grad[3 + 2 * index], ctx.needs_input_grad[4 + 2 * index]
+            rows = slice(first * ctx.per_row, last * ctx.per_row)
+            g_S_O = g_N_O[rows]
+            g_A = g_B = None
+            if need_B:
+                g_B = g_S_O.t() @ scaled_S_R
+            if need_x or need_A:
+                g_down_S_R = (g_S_O @ B_O_R) * scaling
+                if need_A:
+                    g_A = g_down_S_R.t() @ x_N_I[rows]
+                if need_x:
+                    torch.mm(g_down_S_R, A_R_I, out=g_x_N_I[rows])
+            grads += [g_A, g_B]
+        g_x = g_x_N_I.view(ctx.shape) if need_x else None
+        return g_x, g_base, None, *grads
+
+
 def _unit_logprobs(lm_head, hidden_B_T_H: torch.Tensor, units, micros, adapters: list[str]) -> list[list[torch.Tensor]]:
     """Per unit, its datums' target logprobs, with lm_head shared by the units of a pass.
 
     The vocabulary projection is a large share of a small pass, so units share its products:
     each unit's positions (real tokens only, concatenated) form a *segment*, padded with zero
     rows to at least `packing.PAD_MULTIPLE` rows (below that the CPU kernels take a path whose
-    bits depend on the row count); segments that fit one logits chunk are stacked into shared
-    chunks, where the base projection runs once over every row and each unit's LoRA on
-    lm_head is added into its own rows only (so its gradient is a product over exactly its
-    rows, as alone). A segment longer than a chunk is chunked on its own, as it is alone.
+    bits depend on the row count). Without LoRA on lm_head, segments that fit one logits
+    chunk are stacked into shared chunks, where the projection runs once over every row; with
+    it, each segment is projected as a chunk of its own, its LoRA added into all of it (below),
+    which is exactly what the unit computes alone. A segment longer than a chunk is chunked on
+    its own, as it is alone.
     """
     rows_per_chunk = max(packing.PAD_MULTIPLE, batching.LOGITS_CHUNK_ELEMENTS // lm_head.weight.shape[0])
     device = hidden_B_T_H.device
@@ -188,6 +245,11 @@ def _unit_logprobs(lm_head, hidden_B_T_H: torch.Tensor, units, micros, adapters:
     # Kept or recomputed for the whole pass (`batching.recomputes_logits`): either way the
     # numbers are the same, so a unit's bits do not depend on what it was packed with.
     recompute = batching.recomputes_logits(sum(seg[1].shape[0] for seg in segments), lm_head.weight.shape[0])
+    # With LoRA on lm_head every segment is a chunk of its own, computed exactly as alone: adding
+    # a unit's LoRA into its rows of a shared chunk is an in-place op on a view, and autograd's
+    # backward of that copies the whole [C, V] gradient once per unit (SmolLM2, 8 units of 2 x 32
+    # tokens: eight 63 MB copies, 0.13 s of a 2.0 s pass), more than sharing the product saves.
+    own_chunks = getattr(lm_head, "lora_A", None) is not None
 
     def flush():
         if not shared:
@@ -218,7 +280,7 @@ def _unit_logprobs(lm_head, hidden_B_T_H: torch.Tensor, units, micros, adapters:
                 pieces.append(checkpoint(_shared_chunk, *args, use_reentrant=False) if recompute else _shared_chunk(*args))
             outputs[index] = torch.cat(pieces)
             continue
-        if shared and sum(seg[1].shape[0] for seg in shared) + hidden_P_H.shape[0] > rows_per_chunk:
+        if shared and (own_chunks or sum(seg[1].shape[0] for seg in shared) + hidden_P_H.shape[0] > rows_per_chunk):
             flush()
         shared.append(segment)
     flush()
@@ -235,7 +297,8 @@ def _unit_logprobs(lm_head, hidden_B_T_H: torch.Tensor, units, micros, adapters:
 
 def _shared_chunk(lm_head, hidden_C_H: torch.Tensor, targets_C_K: torch.Tensor, spans) -> torch.Tensor:
     """Target logprobs of a chunk of rows: the base projection over all of them, then each
-    span's adapter (LoRA on lm_head) added into its rows only."""
+    span's adapter (LoRA on lm_head) added into its rows only (one span a chunk when lm_head
+    has LoRA: see `_unit_logprobs`)."""
     lora_A = getattr(lm_head, "lora_A", None)
     if lora_A is None:
         logits_C_V = lm_head(hidden_C_H)
