@@ -512,11 +512,7 @@ class TrainerWorker:
         waiting = (slot.gate.discard() if slot is not None else []) + [item for _seq, item in queued]
         for record, _event in waiting:
             self.offsets.release(record.topic, record.partition, record.offset)
-        with self._state:
-            self._forget(model_id)
-        if self.slicer.registered(self._job(model_id)):
-            self.slicer.unregister(self._job(model_id))
-        self.packer.forget(model_id)
+        self._drop(model_id)
         log.info("trainer: %s was cancelled; dropped its state and %d request(s) not yet run", model_id, len(waiting))
 
     def _release_idle_runs(self) -> None:
@@ -537,12 +533,16 @@ class TrainerWorker:
                         self._ensure_resident(model_id, turn)
                         self.recovery.snapshot_now(model_id, slot, self._engine(slot).copy_state)
             elif action is Action.RELEASE:
-                with self._state:
-                    self._forget(model_id)
-                if self.slicer.registered(self._job(model_id)):
-                    self.slicer.unregister(self._job(model_id))
-                self.packer.forget(model_id)
+                self._drop(model_id)
                 log.info("trainer: released %s after %.0f s idle; its next request restores its snapshot", model_id, facts.idle_seconds)
+
+    def _drop(self, model_id: str) -> None:
+        """Everything this worker holds of a run: its state, its timeslicer job, its cohort place."""
+        with self._state:
+            self._forget(model_id)
+        if self.slicer.registered(self._job(model_id)):
+            self.slicer.unregister(self._job(model_id))
+        self.packer.forget(model_id)
 
     def _forget(self, model_id: str) -> None:
         slot = self.slots.pop(model_id, None)

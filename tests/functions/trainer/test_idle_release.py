@@ -16,7 +16,7 @@ import numpy as np
 from functions.trainer.worker import TrainerOptions
 from openrl_core.catalog import TINY_QWEN3
 from openrl_core.events.recovery import SNAPSHOT_TAKEN
-from tests.functions.trainer.test_recovery import MODEL_ID, TENANT, Node, history, publish
+from tests.functions.trainer.test_recovery import MODEL_ID, TENANT, Node, history, publish, uninterrupted
 
 AFTER = 0.3  # seconds idle before a run is released
 
@@ -39,10 +39,7 @@ def released(node: Node, within: float = 10.0) -> bool:
 def test_an_idle_run_is_released_and_its_next_request_restores_it_bitwise(tmp_path, tiny_files):
     events = history()
     ids = ["create"] + [e.data.request_id for e in events[1:]]
-    reference = Node(tmp_path / "reference", every=0)
-    publish(reference, events)
-    assert reference.run_until(ids).keys() >= set(ids)
-    expected, expected_steps = reference.weights()
+    expected, expected_steps = uninterrupted(tmp_path / "reference", events)
 
     # No periodic snapshot in the way (every 100 steps): the release takes its own.
     node = Node(tmp_path / "released", every=100, options=TrainerOptions(release_runs_after=AFTER))
