@@ -52,15 +52,19 @@ def rebuild(source: EventStore, target: EventStore, batch: int = 2000) -> tuple[
     """Append every source event to `target` in order; returns (events, seconds)."""
     started = time.perf_counter()
     count, position = 0, 0
-    while True:
-        chunk = source.read_with_dedup(position, batch)
-        if not chunk:
-            break
-        # One transaction per chunk: the fold is the same, the commits (and fsyncs) are not,
-        # and the unit of work reads and writes a chunk's rows in a few statements.
-        target.append_batch([(event, dedup) for _, event, dedup in chunk])
-        count += len(chunk)
-        position = chunk[-1][0]
+    rebuilder = target.rebuilder()
+    try:
+        while True:
+            chunk = source.read_packed(position, batch)
+            if not chunk:
+                break
+            # One transaction per chunk: the fold is the same, the commits (and fsyncs) are not,
+            # and the unit of work reads and writes a chunk's rows in a few statements.
+            rebuilder.append([(event, dedup) for _, event, dedup, _p in chunk], [packed for *_e, packed in chunk])
+            count += len(chunk)
+            position = chunk[-1][0]
+    finally:
+        rebuilder.close()
     return count, time.perf_counter() - started
 
 
@@ -96,7 +100,11 @@ _PHASE_ORDER = {"requested": 0, "started": 1}
 def rebuild_from_events(events: list[tuple[Event, Optional[Dedup]]], target: EventStore, batch: int = 2000) -> tuple[int, float]:
     """Append (event, dedup) pairs to `target` in the given order; returns (new events, seconds)."""
     started = time.perf_counter()
-    stored = sum(target.append_batch(events[i : i + batch]) for i in range(0, len(events), batch))
+    rebuilder = target.rebuilder()
+    try:
+        stored = sum(rebuilder.append(events[i : i + batch]) for i in range(0, len(events), batch))
+    finally:
+        rebuilder.close()
     return stored, time.perf_counter() - started
 
 

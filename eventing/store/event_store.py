@@ -25,6 +25,7 @@ from eventing.dedup import Dedup  # noqa: F401  (re-exported: the store's caller
 from eventing.store import projections
 from eventing.store import tables as t
 from eventing.store.finished import FinishedFutures
+from eventing.store.rebuilding import Rebuilder
 from eventing.store.unit_of_work import Rows, execute_many, utc
 from openrl_core.errors import Conflict
 from openrl_core.events import Event
@@ -118,13 +119,18 @@ class EventStore:
         self.finished.put_many(finished)
         return sum(outcome.stored for outcome in outcomes)
 
-    def _fold_batch(self, conn, items, raise_conflicts: bool) -> list:
-        rows = Rows(conn)
-        known = set(conn.execute(_KNOWN_IDS, {"b_ids": list({event.id for event, _t, _d in items})}).scalars())
+    def _fold_batch(self, conn, items, raise_conflicts: bool, rows: Optional[Rows] = None, known: Optional[set] = None, packed=None) -> list:
+        """`rows` and `known` (the ids stored) are a rebuild's own, kept across its batches;
+        `packed`: per item its stored (data, claim) as another store holds it, copied as is."""
+        if rows is None:
+            rows = Rows(conn)
+        rows.conn = conn
+        if known is None:
+            known = set(conn.execute(_KNOWN_IDS, {"b_ids": list({event.id for event, _t, _d in items})}).scalars())
         self._prefetch(rows, items)
         outcomes: list = []
         event_rows, outbox_rows = [], []
-        for event, outbox_topic, dedup in items:
+        for index, (event, outbox_topic, dedup) in enumerate(items):
             if event.id in known:  # a redelivery (or a repeat within the batch)
                 outcomes.append(Appended(stored=False))
                 continue
@@ -139,7 +145,7 @@ class EventStore:
             if not outcome.stored:
                 continue
             known.add(event.id)
-            event_rows.append(self._event_row(event, dedup, outcome.fenced))
+            event_rows.append(self._event_row(event, dedup, outcome.fenced, packed[index] if packed else None))
             if outbox_topic is not None and not outcome.fenced:
                 outbox_rows.append({"event_id": event.id, "topic": outbox_topic})
         execute_many(conn, _EVENT_INSERT, event_rows)
@@ -201,8 +207,8 @@ class EventStore:
             rows.update("lease_fences", (event.tenant, event.key), lease_id=event.lease)
         return False
 
-    def _event_row(self, event: Event, dedup: Optional[Dedup], fenced: bool) -> dict:
-        data, claim = self.codec.pack(event)
+    def _event_row(self, event: Event, dedup: Optional[Dedup], fenced: bool, packed=None) -> dict:
+        data, claim = packed if packed is not None else self.codec.pack(event)
         return dict(
             id=event.id,
             type=event.type,
@@ -265,18 +271,27 @@ class EventStore:
 
     def read_with_dedup(self, after_position: int = 0, limit: int = 1000) -> list[tuple[int, Event, Optional[Dedup]]]:
         """Events in store order with the dedup identity each was appended under (for replay)."""
+        return [(position, event, dedup) for position, event, dedup, _packed in self.read_packed(after_position, limit)]
+
+    def read_packed(self, after_position: int = 0, limit: int = 1000) -> list[tuple[int, Event, Optional[Dedup], tuple]]:
+        """`read_with_dedup`, and per event its payload as stored: (data, claim), for a
+        rebuild to store without encoding it again."""
         with self.engine.connect() as conn:
             rows = conn.execute(
                 select(t.events).where(t.events.c.position > after_position).order_by(t.events.c.position).limit(limit)
             ).all()
-        return [(row.position, self._row_to_event(row), _dedup_of(row)) for row in rows]
+        return [(row.position, self._row_to_event(row), _dedup_of(row), (bytes(row.data or b""), _claim_of(row))) for row in rows]
+
+    def rebuilder(self) -> Rebuilder:
+        """Appends for a rebuild of this store from another's events (see `Rebuilder`)."""
+        return Rebuilder(self)
 
     def event_of(self, row) -> Event:
         """The event of a row of the events table (read by a query of the caller's own)."""
         return self._row_to_event(row)
 
     def _row_to_event(self, row) -> Event:
-        claim = BlobRef(sha256=row.claim_sha256, size=row.claim_size) if row.claim_sha256 else None
+        claim = _claim_of(row)
         # Constructed, not validated: the row was an Event when it was stored, and its payload
         # is validated by `unpack` (validating the envelope again cost more than the payload).
         return Event.stored(
@@ -310,6 +325,10 @@ def _check_same(earlier, dedup: Dedup) -> None:
         raise Conflict(f"{what} was already used by a refused request")
     if row["payload_sha256"] != dedup.payload_sha256 or bool(row["rejected"]) != dedup.rejected:
         raise Conflict(f"{what} was already submitted with a different body")
+
+
+def _claim_of(row) -> Optional[BlobRef]:
+    return BlobRef(sha256=row.claim_sha256, size=row.claim_size) if row.claim_sha256 else None
 
 
 def _dedup_of(row) -> Optional[Dedup]:

@@ -137,8 +137,12 @@ def _top_rows(table: str, column: str, group: str, count: int):
 class Rows:
     """The rows of one transaction on `conn` (see the module docstring)."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, fresh: bool = False) -> None:
         self.conn = conn
+        # Fresh: the database holds only rows this Rows wrote (a replay into an empty store
+        # keeps one Rows across its transactions), so a key it does not know is absent and
+        # no read goes to the database. `forget` ends that.
+        self.fresh = fresh
         self._rows: dict[str, dict[Key, Optional[Row]]] = {name: {} for name in TABLES}  # None: known absent
         self._stored: dict[str, set[Key]] = {name: set() for name in TABLES}  # keys the database holds
         self._changed: dict[str, dict[Key, set[str]]] = {name: {} for name in TABLES}
@@ -161,6 +165,10 @@ class Rows:
         wanted = list({key for key in keys if key not in cache})
         if not wanted:
             return
+        if self.fresh:
+            for key in wanted:
+                cache[key] = None
+            return
         single = len(_PRIMARY[table]) == 1
         for start in range(0, len(wanted), 500):  # bounded IN lists
             chunk = wanted[start : start + 500]
@@ -175,8 +183,9 @@ class Rows:
         secondary lookup, not one for every event."""
         source = TABLES[table]
         where = [source.c[c].in_(v) if isinstance(v, tuple) else source.c[c] == v for c, v in equal.items()]
-        for row in self.conn.execute(select(source).where(*where)):
-            self._remember(table, row)
+        if not self.fresh:
+            for row in self.conn.execute(select(source).where(*where)):
+                self._remember(table, row)
         return [row for row in self._rows[table].values() if row is not None and _matches(row, equal)]
 
     def latest(self, table: str, column: str, group: str, value: Any) -> Optional[Row]:
@@ -200,8 +209,21 @@ class Rows:
                 (key for key, row in self._rows[table].items() if row is not None and row[group] == value),
                 key=lambda key: self._rows[table][key][column], default=None,
             )  # fmt: skip
+        if self.fresh:
+            return
         for row in self.conn.execute(query, {f"b_group_{i}": value for i, value in enumerate(pending)}):
             self._remember(table, row)
+
+    def known(self) -> int:
+        """How many rows (and known absences) this Rows holds."""
+        return sum(len(cache) for cache in self._rows.values())
+
+    def forget(self) -> None:
+        """Drop every row held, after a `flush`: later reads go to the database again."""
+        assert not any(self._changed.values()), "forget() before flush() would lose changes"
+        self.fresh = False
+        for table in TABLES:
+            self._rows[table], self._stored[table], self._tops[table] = {}, set(), {}
 
     def _track(self, table: str, key: Key, row: Row) -> None:
         """Keep the `latest` answers right as `row` becomes known or changes."""
