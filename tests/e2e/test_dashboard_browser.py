@@ -144,23 +144,22 @@ def test_the_dashboard_shows_a_live_run_and_cancels_it(server, browser, tmp_path
 
     wait.until(open_run)
 
-    loss = wait.until(seen.presence_of_element_located((By.CSS_SELECTOR, 'svg[data-chart="loss"][data-points="3"]')))
-    points = loss.find_elements(By.CSS_SELECTOR, "circle.pt")
-    assert [int(p.get_attribute("data-x")) for p in points] == [1, 2, 3]
-    assert [float(p.get_attribute("data-y")) for p in points] == losses  # exactly what the SDK was told
-    drawn_lrs = [float(p.get_attribute("data-y")) for p in find(By.CSS_SELECTOR, 'svg[data-chart="learning_rate"]').find_elements(By.CSS_SELECTOR, "circle.pt")]
-    assert drawn_lrs == list(LEARNING_RATES)
+    # The charts redraw on every poll of a live run: each read finds its chart afresh, inside
+    # a wait that retries an element replaced between finding it and reading it.
+    def drawn(name: str) -> list[tuple[int, float]]:
+        points = find(By.CSS_SELECTOR, f'svg[data-chart="{name}"]').find_elements(By.CSS_SELECTOR, "circle.pt")
+        return [(int(p.get_attribute("data-x")), float(p.get_attribute("data-y"))) for p in points]
+
+    wait.until(seen.presence_of_element_located((By.CSS_SELECTOR, 'svg[data-chart="loss"][data-points="3"]')))
+    wait.until(lambda _: drawn("loss") == list(zip([1, 2, 3], losses)))  # exactly what the SDK was told
+    wait.until(lambda _: [y for _x, y in drawn("learning_rate")] == list(LEARNING_RATES))
     for chart in ("grad_norm", "tokens", "step_seconds", "queue_wait_seconds"):
-        assert find(By.CSS_SELECTOR, f'svg[data-chart="{chart}"]').get_attribute("data-points") == "3", chart
+        wait.until(lambda _, chart=chart: find(By.CSS_SELECTOR, f'svg[data-chart="{chart}"]').get_attribute("data-points") == "3")
     # Sampling throughput per step: only step 3's window held a sample (the API's number drawn);
     # per request: both samples.
     sampling = api(f"/runs/{run}/sampling")
     assert [(s["step"], s["requests"]) for s in sampling["steps"]] == [(1, 0), (2, 0), (3, 1)]
     assert len(sampling["samples"]) == 2
-
-    def drawn(name: str) -> list[tuple[int, float]]:
-        points = find(By.CSS_SELECTOR, f'svg[data-chart="{name}"]').find_elements(By.CSS_SELECTOR, "circle.pt")
-        return [(int(p.get_attribute("data-x")), float(p.get_attribute("data-y"))) for p in points]
 
     wait.until(lambda _: drawn("sampling") == [(3, sampling["steps"][2]["tokens_per_second"])])
     wait.until(lambda _: drawn("sampling_requests") == [(i + 1, s["tokens_per_second"]) for i, s in enumerate(sampling["samples"])])
