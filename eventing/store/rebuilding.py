@@ -61,16 +61,17 @@ class Rebuilder:
 
     @property
     def fresh(self) -> bool:
-        return self._rows is not None and self._rows.fresh
+        """Whether batches still fold through the rows kept (the target held nothing else)."""
+        return self._rows is not None
 
     def append(self, events: list[tuple[Event, Optional[Dedup]]], packed: Optional[list] = None) -> int:
         """Append `events` in one transaction; how many were new. `packed`: per event its
         (data, claim) as the source stored it, or None to encode it here."""
+        if not self.fresh:
+            return self.store.append_batch(events)
         items = [(event, None, dedup) for event, dedup in events]
         if packed is not None:  # a claim-checked payload lives in the source's blob store: encoded again into ours
             packed = [pair if pair is not None and pair[1] is None else None for pair in packed]
-        if not self.fresh:
-            return self.store.append_batch(events)
         try:
             conn = self._connection()
             with conn.begin():
@@ -91,7 +92,8 @@ class Rebuilder:
         return sum(outcome.stored for outcome in outcomes)
 
     def close(self) -> None:
-        """Hand what the batches froze back to the garbage collector."""
+        """Checkpoint the SQLite WAL once, and hand what the batches froze back to the
+        garbage collector."""
         if self._conn is not None:
             if self._conn.dialect.name == "sqlite":
                 self._conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")

@@ -141,7 +141,7 @@ class Rows:
         self.conn = conn
         # Fresh: the database holds only rows this Rows wrote (a replay into an empty store
         # keeps one Rows across its transactions), so a key it does not know is absent and
-        # no read goes to the database. `forget` ends that.
+        # no read goes to the database.
         self.fresh = fresh
         self._rows: dict[str, dict[Key, Optional[Row]]] = {name: {} for name in TABLES}  # None: known absent
         self._stored: dict[str, set[Key]] = {name: set() for name in TABLES}  # keys the database holds
@@ -217,13 +217,6 @@ class Rows:
     def known(self) -> int:
         """How many rows (and known absences) this Rows holds."""
         return sum(len(cache) for cache in self._rows.values())
-
-    def forget(self) -> None:
-        """Drop every row held, after a `flush`: later reads go to the database again."""
-        assert not any(self._changed.values()), "forget() before flush() would lose changes"
-        self.fresh = False
-        for table in TABLES:
-            self._rows[table], self._stored[table], self._tops[table] = {}, set(), {}
 
     def _track(self, table: str, key: Key, row: Row) -> None:
         """Keep the `latest` answers right as `row` becomes known or changes."""
