@@ -71,6 +71,7 @@ def test_a_rebuild_into_an_empty_store_reads_nothing_back_and_matches(live, tmp_
     assert diff(projections, rebuilt) == []
     assert sorted(row["step"] for row in rebuilt.table_rows("run_steps")) == [1, 2, 3, 4]
     assert gc.get_freeze_count() == 0  # what the batches froze is the collector's again
+    assert gc.isenabled()  # and the collector, off during the batches, is on again
 
 
 def test_the_rows_kept_are_bounded_and_the_rest_reads_as_the_live_path(live, tmp_path):
@@ -122,3 +123,25 @@ def test_inline_payloads_are_copied_as_stored_and_claim_checked_ones_go_to_the_t
         assert copied[event_id].data == row.data and copied[event_id].claim_sha256 == row.claim_sha256
     # The claim-checked payloads decode from the target's own blob store.
     assert [e.data for _, e in target.read(0, 100)] == [e.data for _, e in live_store.read(0, 100)]
+
+
+def test_the_collector_is_off_only_during_a_rebuild_and_left_off_if_it_was(live, tmp_path):
+    live_store, _projections = live
+    seen: list[bool] = []
+    target, _rebuilt = fresh(tmp_path, "rebuilt.db")
+    real = target._fold_batch
+
+    def spy(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return real(*args, **kwargs)
+
+    target._fold_batch = spy
+    rebuild(live_store, target, batch=5)
+    assert seen and not any(seen) and gc.isenabled()
+    gc.disable()  # a caller that runs without the collector keeps running without it
+    try:
+        other, _ = fresh(tmp_path, "other.db")
+        rebuild(live_store, other, batch=5)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
