@@ -103,6 +103,7 @@ def rebuild_from_events(events: list[tuple[Event, Optional[Dedup]]], target: Eve
     rebuilder = target.rebuilder()
     try:
         stored = sum(rebuilder.append(events[i : i + batch]) for i in range(0, len(events), batch))
+        stored += rebuilder.settle()  # the last batch, if still in flight, and what it changed
     finally:
         rebuilder.close()
     return stored, time.perf_counter() - started

@@ -3,6 +3,7 @@ fresh PostgreSQL databases on the local server."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 
@@ -50,9 +51,9 @@ def smol_files():
 PG_ADMIN = os.environ.get("OPENRL_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 
 
-@pytest.fixture
-def pg_url():
-    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+@contextlib.contextmanager
+def scratch_pg_database():
+    """A fresh, empty PostgreSQL database, dropped on leaving; yields its URL."""
     name = "openrl_test_" + uuid.uuid4().hex[:12]
     admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
@@ -64,3 +65,10 @@ def pg_url():
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+@pytest.fixture
+def pg_url():
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+    with scratch_pg_database() as url:
+        yield url

@@ -23,6 +23,10 @@ On SQLite the rebuild writes through one connection of its own with WAL checkpoi
 and checkpoints once at the end: every batch's commit otherwise copied its pages into the
 database and synced it (about a tenth of a rebuild on this machine's disk).
 
+On PostgreSQL a batch's writes (COPY for its inserts) are sent by a thread while the next
+batch is read and folded (`_Writer`); batches still commit one at a time and in order, and
+one that fails because another writer stored a row first is appended again on the live path.
+
 The rows kept are bounded (`keep`): past it they are dropped after a batch's commit and later
 batches read from the database as the live path does, which is slower, never different.
 """
@@ -30,6 +34,7 @@ batches read from the database as the live path does, which is slower, never dif
 from __future__ import annotations
 
 import gc
+import threading
 from typing import Optional
 
 from sqlalchemy import func, select
@@ -37,11 +42,46 @@ from sqlalchemy.exc import IntegrityError
 
 from eventing.dedup import Dedup
 from eventing.store import tables as t
-from eventing.store.unit_of_work import Rows
+from eventing.store.unit_of_work import DeferredWrites, Rows
 from openrl_core.events import Event
 
 # About 1 kB a row held: 500,000 is a few hundred MB, past a million events of history.
 KEEP = 500_000
+
+
+class _Writer:
+    """One batch's writes in flight on a thread of its own, with what to do once they are
+    committed. On PostgreSQL a batch's writes are mostly the server's work (COPY into
+    indexed tables, about a third of a rebuild's time), during which this process only
+    waits with the GIL released: sent from a thread, they overlap the next batch's read
+    and fold instead of following them. The batch's rows are formatted before it starts
+    (`DeferredWrites`), so the thread holds the GIL only briefly, and batches still commit
+    one at a time, in order."""
+
+    def __init__(self) -> None:
+        self._thread: Optional[threading.Thread] = None
+        self._batch = None
+        self._error: Optional[BaseException] = None
+
+    def start(self, conn, writes: DeferredWrites, batch) -> None:
+        def run() -> None:
+            try:
+                with conn.begin():
+                    writes.run(conn)
+            except BaseException as exc:  # handed to whoever waits
+                self._error = exc
+
+        self._batch, self._error = batch, None
+        self._thread = threading.Thread(target=run, name="rebuild-writer", daemon=True)
+        self._thread.start()
+
+    def wait(self):
+        """None when nothing is in flight, else (the batch, its error or None)."""
+        if self._thread is None:
+            return None
+        self._thread.join()
+        self._thread = None
+        return self._batch, self._error
 
 
 class Rebuilder:
@@ -54,7 +94,8 @@ class Rebuilder:
         self._known: Optional[set[str]] = set() if fresh else None  # ids stored, while fresh
         self._froze = False
         self._collecting: Optional[bool] = None  # whether the collector was on before the first batch
-        self._conn = None  # SQLite: the rebuild's own connection, checkpointing once at the end
+        self._conn = None  # the rebuild's own connection (SQLite: checkpointing once at the end)
+        self._writer = _Writer()
 
     def _connection(self):
         if self._conn is None:
@@ -71,17 +112,21 @@ class Rebuilder:
 
     def append(self, events: list[tuple[Event, Optional[Dedup]]], packed: Optional[list] = None) -> int:
         """Append `events` in one transaction; how many were new. `packed`: per event its
-        (data, claim) as the source stored it, or None to encode it here."""
+        (data, claim) as the source stored it, or None to encode it here. On PostgreSQL the
+        transaction may still be in flight on return (see `_Writer`); the next call, `settle`
+        and `close` wait for it."""
         if not self.fresh:
-            return self.store.append_batch(events)
+            return self.settle() + self.store.append_batch(events)
         if self._collecting is None:
             self._collecting = gc.isenabled()
             gc.disable()
         items = [(event, None, dedup) for event, dedup in events]
         if packed is not None:  # a claim-checked payload lives in the source's blob store: encoded again into ours
             packed = [pair if pair is not None and pair[1] is None else None for pair in packed]
+        conn = self._connection()
+        if conn.dialect.name == "postgresql":
+            return self._append_behind(conn, events, items, packed)
         try:
-            conn = self._connection()
             with conn.begin():
                 outcomes, finished = self.store._fold_batch(conn, items, True, rows=self._rows, known=self._known, packed=packed)
         except IntegrityError:
@@ -93,15 +138,64 @@ class Rebuilder:
             self._drop()  # the transaction rolled back: what the Rows holds was never written
             raise
         self.store.finished.put_many(finished)
-        if self._rows.known() > self.keep or len(self._known) > self.keep:
+        self._after_batch()
+        return sum(outcome.stored for outcome in outcomes)
+
+    def _append_behind(self, conn, events, items, packed) -> int:
+        """PostgreSQL: fold the batch here, then hand its writes to a thread once the batch
+        before has committed, and return while the server works on them (see `_Writer`)."""
+        writes = DeferredWrites(conn.dialect, conn.connection.driver_connection)
+        try:
+            outcomes, finished = self.store._fold_batch(writes, items, True, rows=self._rows, known=self._known, packed=packed)
+        except BaseException:
+            self._settle_quietly()
+            self._drop()  # nothing of this batch was written
+            raise
+        stored = sum(outcome.stored for outcome in outcomes)
+        correction = self.settle()
+        if not self.fresh:  # the batch before could not be written as folded: this fold assumed it was
+            return correction + self.store.append_batch(events)
+        self._writer.start(conn, writes, (events, finished, stored))
+        self._after_batch()
+        return correction + stored
+
+    def settle(self) -> int:
+        """Wait for the batch in flight. If a row another writer stored first made it fail,
+        it is appended again on the live path, the rows kept are dropped, and the difference
+        in new events against what `append` said is returned; any other failure is raised."""
+        done = self._writer.wait()
+        if done is None:
+            return 0
+        (events, finished, stored), error = done
+        if error is None:
+            self.store.finished.put_many(finished)
+            return 0
+        self._drop()
+        if isinstance(error, IntegrityError):
+            return self.store.append_batch(events) - stored
+        raise error
+
+    def _settle_quietly(self) -> None:
+        try:
+            self.settle()
+        except Exception:
+            pass  # the caller is already raising its own error
+
+    def _after_batch(self) -> None:
+        if self._rows is not None and (self._rows.known() > self.keep or len(self._known) > self.keep):
             self._drop()
         gc.freeze()
         self._froze = True
-        return sum(outcome.stored for outcome in outcomes)
 
     def close(self) -> None:
-        """Checkpoint the SQLite WAL once, and hand what the batches froze back to the
-        garbage collector."""
+        """Wait for the batch in flight, checkpoint the SQLite WAL once, and hand what the
+        batches froze back to the garbage collector."""
+        try:
+            self.settle()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
         if self._conn is not None:
             if self._conn.dialect.name == "sqlite":
                 self._conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")

@@ -134,16 +134,30 @@ class _RowsInsert:
         return cls(f"COPY {table} ({columns}) FROM STDIN", [(name, processors.get(name)) for name in names])
 
     def execute(self, conn: Connection, rows: list[dict]) -> None:
+        self.send(conn, self.copy_sql, self.format(conn.connection.driver_connection, rows))
+
+    def format(self, driver_connection, rows: list[dict]) -> bytes:
+        """The rows as COPY's text format, each value as the connection's adapters write it.
+        (psycopg's own formatter, the one its `Copy.write_row` runs: no public name yet.)"""
+        from psycopg._copy_base import TextFormatter
+        from psycopg.adapt import Transformer
+
+        formatter, order = TextFormatter(Transformer(driver_connection)), self.order
+        chunks = [
+            formatter.write_row([process(row[name]) if process else row[name] for name, process in order]) for row in rows
+        ]
+        chunks.append(formatter.end())
+        return b"".join(chunks)
+
+    @staticmethod
+    def send(conn: Connection, copy_sql: str, data: bytes) -> None:
         import psycopg  # only reached on PostgreSQL, whose driver this is
 
-        order = self.order
-        raw = conn.connection.driver_connection
         try:
-            with raw.cursor() as cursor, cursor.copy(self.copy_sql) as copy:
-                for row in rows:
-                    copy.write_row([process(row[name]) if process else row[name] for name, process in order])
+            with conn.connection.driver_connection.cursor() as cursor, cursor.copy(copy_sql) as copy:
+                copy.write(data)
         except psycopg.Error as exc:
-            raise DBAPIError.instance(self.copy_sql, None, exc, psycopg.Error, dialect=conn.dialect) from exc
+            raise DBAPIError.instance(copy_sql, None, exc, psycopg.Error, dialect=conn.dialect) from exc
 
 
 _INSERT = re.compile(r"INSERT INTO (\w+) \(([\w\", ]+)\) VALUES (\(.*\))(?: RETURNING [\w.]+(?:, [\w.]+)*)?", re.DOTALL)
@@ -151,16 +165,57 @@ _NAMED = re.compile(r"%\((\w+)\)s")
 _COMPILED: dict[tuple, _Compiled] = {}
 
 
+def _compiled(dialect, statement, rows: list[dict]) -> _Compiled:
+    keys = tuple(rows[0])
+    cache_key = (id(statement), dialect.name, keys)
+    compiled = _COMPILED.get(cache_key)
+    if compiled is None:
+        compiled = _COMPILED[cache_key] = _Compiled(statement, dialect, keys)
+    return compiled
+
+
+class DeferredWrites:
+    """Stands in for the connection of a transaction that only writes (a rebuild into an
+    empty store reads nothing back): `execute_many` records each write, with its parameters
+    processed and, for a PostgreSQL COPY, its rows already formatted, so the rows may change
+    afterwards; `run(conn)` then sends them all, in order, on a real connection, which can
+    be another thread's: what is left there is the database's work, with the GIL released
+    while the driver waits on it."""
+
+    def __init__(self, dialect, driver_connection=None) -> None:
+        self.dialect = dialect
+        self._driver = driver_connection  # PostgreSQL: whose adapters format COPY rows
+        self._writes: list[tuple[str, str, object]] = []  # (kind, sql, params or COPY data)
+
+    def add(self, statement, rows: list[dict]) -> None:
+        compiled = _compiled(self.dialect, statement, rows)
+        if compiled.rows_insert is not None and self._driver is not None:
+            self._writes.append(("copy", compiled.rows_insert.copy_sql, compiled.rows_insert.format(self._driver, rows)))
+        else:
+            self._writes.append(("sql", compiled.sql, compiled.params(rows)))
+
+    def execute(self, *_args, **_kwargs):
+        raise RuntimeError("deferred writes: this transaction was to read nothing")
+
+    def run(self, conn: Connection) -> None:
+        for kind, sql, params in self._writes:
+            if kind == "copy":
+                _RowsInsert.send(conn, sql, params)
+            elif len(params) == 1:
+                conn.exec_driver_sql(sql, params[0])
+            else:
+                conn.exec_driver_sql(sql, params)
+
+
 def execute_many(conn: Connection, statement, rows: list[dict]) -> None:
     """`conn.execute(statement, rows)` for a write with bind parameters, in one driver call
     (every row with the same keys; an INSERT writes the columns they name)."""
     if not rows:
         return
-    dialect, keys = conn.dialect, tuple(rows[0])
-    cache_key = (id(statement), dialect.name, keys)
-    compiled = _COMPILED.get(cache_key)
-    if compiled is None:
-        compiled = _COMPILED[cache_key] = _Compiled(statement, dialect, keys)
+    if isinstance(conn, DeferredWrites):
+        conn.add(statement, rows)
+        return
+    compiled = _compiled(conn.dialect, statement, rows)
     if compiled.rows_insert is not None and len(rows) > 1:
         compiled.rows_insert.execute(conn, rows)
         return

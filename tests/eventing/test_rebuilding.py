@@ -6,6 +6,8 @@ claim-checked into another blob store."""
 from __future__ import annotations
 
 import gc
+import threading
+import time
 
 import pytest
 from sqlalchemy import event as sa_event
@@ -16,11 +18,13 @@ from eventing.codec import Codec
 from eventing.replay import diff, rebuild, rebuild_from_events
 from eventing.store import database, tables
 from eventing.store.event_store import Dedup, EventStore
+from eventing.store.unit_of_work import DeferredWrites
 from eventing.store.queries import Projections
 from openrl_core.events import new_event
 from openrl_core.events import training as te
 from openrl_core.events.lifecycle import RequestCompleted
 from openrl_core.params import AdamParams
+from tests.conftest import scratch_pg_database
 from tests.eventing.test_replay import fresh, history
 
 
@@ -53,6 +57,17 @@ def selects(engine) -> list[str]:
     return seen
 
 
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def target_url(request, tmp_path):
+    """Where a rebuild writes (a database of its own): on PostgreSQL its batches' writes
+    run behind the next fold."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'rebuilt.db'}"
+        return
+    with scratch_pg_database() as url:
+        yield url
+
+
 @pytest.fixture
 def live(store_url, tmp_path):
     live_store, projections = fresh(tmp_path, "live.db", store_url)
@@ -61,9 +76,9 @@ def live(store_url, tmp_path):
     return live_store, projections
 
 
-def test_a_rebuild_into_an_empty_store_reads_nothing_back_and_matches(live, tmp_path):
+def test_a_rebuild_into_an_empty_store_reads_nothing_back_and_matches(live, tmp_path, target_url):
     live_store, projections = live
-    target, rebuilt = fresh(tmp_path, "rebuilt.db")
+    target, rebuilt = fresh(tmp_path, "rebuilt.db", target_url)
     seen = selects(target.engine)
     count, _ = rebuild(live_store, target, batch=3)
     assert count == 30
@@ -74,9 +89,9 @@ def test_a_rebuild_into_an_empty_store_reads_nothing_back_and_matches(live, tmp_
     assert gc.isenabled()  # and the collector, off during the batches, is on again
 
 
-def test_the_rows_kept_are_bounded_and_the_rest_reads_as_the_live_path(live, tmp_path):
+def test_the_rows_kept_are_bounded_and_the_rest_reads_as_the_live_path(live, tmp_path, target_url):
     live_store, projections = live
-    target, rebuilt = fresh(tmp_path, "rebuilt.db")
+    target, rebuilt = fresh(tmp_path, "rebuilt.db", target_url)
     seen = selects(target.engine)
     rebuilder = target.rebuilder()
     rebuilder.keep = 5
@@ -90,10 +105,10 @@ def test_the_rows_kept_are_bounded_and_the_rest_reads_as_the_live_path(live, tmp
     assert diff(projections, rebuilt) == []
 
 
-def test_into_a_store_that_holds_events_every_batch_reads_as_the_live_path(live, tmp_path):
+def test_into_a_store_that_holds_events_every_batch_reads_as_the_live_path(live, tmp_path, target_url):
     live_store, projections = live
     events = [(event, dedup) for _, event, dedup in live_store.read_with_dedup(0, 100)]
-    target, rebuilt = fresh(tmp_path, "backup.db")
+    target, rebuilt = fresh(tmp_path, "backup.db", target_url)
     target.append_batch(events[:7])  # a backup taken after the first 7 events
     assert not target.rebuilder().fresh
     assert rebuild_from_events(events, target, batch=4)[0] == len(events) - 7
@@ -145,3 +160,71 @@ def test_the_collector_is_off_only_during_a_rebuild_and_left_off_if_it_was(live,
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_row_another_writer_stored_first_sends_the_batch_down_the_live_path(live, tmp_path, target_url):
+    """Another writer stores one of a later batch's events while the rebuild runs: that
+    batch's transaction fails (on PostgreSQL only once its writes run behind the next fold)
+    and it is appended again on the live path, which finds the event stored; the count of
+    new events leaves it out and the projections still match."""
+    live_store, projections = live
+    events = [(event, dedup) for _, event, dedup in live_store.read_with_dedup(0, 100)]
+    target, rebuilt = fresh(tmp_path, "rebuilt.db", target_url)
+    other = EventStore(target.engine, target.codec)
+    real_fold, real_batch, folds, live_batches = target._fold_batch, target.append_batch, [], []
+
+    def fold(*args, **kwargs):
+        folds.append(1)
+        if len(folds) == 2:  # the second batch: the other writer gets its first event in first,
+            committed(target.engine, events[3][0].id)  # once the first batch is in (it may be in flight)
+            event, dedup = events[4]
+            assert other.append(event, dedup=dedup).stored
+        return real_fold(*args, **kwargs)
+
+    def append_batch(batch):
+        live_batches.append([event.id for event, _dedup in batch])
+        return real_batch(batch)
+
+    target._fold_batch, target.append_batch = fold, append_batch
+    assert rebuild_from_events(events, target, batch=4)[0] == len(events) - 1
+    assert live_batches and live_batches[0][0] == events[4][0].id  # the failed batch, again on the live path
+    assert diff(projections, rebuilt) == []
+
+
+def committed(engine, event_id: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        with engine.connect() as conn:
+            if conn.execute(select(tables.events.c.id).where(tables.events.c.id == event_id)).first() is not None:
+                return
+        assert time.monotonic() < deadline, f"event {event_id} never committed"
+        time.sleep(0.01)
+
+
+@pytest.mark.postgres
+def test_a_failed_write_behind_the_fold_is_raised_and_nothing_is_left_running(live, tmp_path):
+    live_store, _projections = live
+    with scratch_pg_database() as url:
+        failed_write_is_raised(live_store, *fresh(tmp_path, "rebuilt.db", url))
+
+
+def failed_write_is_raised(live_store, target, _rebuilt):
+    real_run, runs = DeferredWrites.run, []
+
+    def run(self, conn):
+        runs.append(threading.current_thread().name)
+        if len(runs) == 3:
+            raise OSError("disk gone")
+        return real_run(self, conn)
+
+    DeferredWrites.run = run
+    try:
+        with pytest.raises(OSError, match="disk gone"):
+            rebuild(live_store, target, batch=4)
+    finally:
+        DeferredWrites.run = real_run
+    assert runs[0] == "rebuild-writer"  # the writes did run behind, on their own thread
+    assert not [t for t in threading.enumerate() if t.name == "rebuild-writer"]
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    with target.engine.connect() as conn:  # the two batches before the failure, whole
+        assert conn.execute(select(tables.events.c.id)).scalars().all() == [e.id for _, e, _d in live_store.read_with_dedup(0, 8)]
