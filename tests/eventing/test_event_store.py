@@ -226,3 +226,35 @@ def test_append_many_falls_back_to_one_by_one_when_the_batch_breaks(store):
     outcomes = store.append_many([(created, None, None), (other, None, None)])
     assert [o.stored for o in outcomes] == [False, True]
     assert reads.session(T, "s2") is not None
+
+
+def test_read_packed_reads_what_the_sqlalchemy_rows_hold(store):
+    """Replay's reader takes the driver's tuples; every field, the dedup identity and the
+    payload as stored must be what the SQLAlchemy row of the same event says."""
+    from sqlalchemy import select
+
+    from eventing.store import tables
+
+    store, _ = store
+    session(store)
+    create_model(store)
+    big = Datum(np.arange(3000, dtype=np.int64), {"target_tokens": np.arange(3000, dtype=np.int64)})
+    fb = te.ForwardBackwardRequested(request_id="fb1", model_id="s1:train:0", seq_id=1, loss_fn="cross_entropy", data=[DatumRecord.from_datum(big)])
+    store.append(ev(te.FORWARD_BACKWARD["requested"], fb, key="s1:train:0"), dedup=Dedup.of("seq:s1:train:0:1", b"fb"))
+    skipped = te.SeqSkipped(model_id="s1:train:0", seq_id=2, reason="bad")
+    store.append(ev(te.SEQ_SKIPPED, skipped, key="s1:train:0"), dedup=Dedup.of("seq:s1:train:0:2", b"x").refused())
+    done = RequestCompleted(request_id="fb1", result={"metrics": {"loss:sum": 1.25}}, details={"tokens": 8})
+    store.append(new_event(te.FORWARD_BACKWARD["completed"], done, tenant=T, source="/t", key="s1:train:0", lease=7))
+    with store.engine.connect() as conn:
+        rows = {row.id: row for row in conn.execute(select(tables.events))}
+    packed = store.read_packed(0, 100) + store.read_packed(2, 1)  # and from a position, with a limit
+    assert [event.id for _p, event, _d, _s in packed[:-1]] == list(rows) and packed[-1][0] == 3
+    assert any(row.claim_sha256 for row in rows.values()) and any(row.dedup_rejected for row in rows.values())
+    for position, event, dedup, (data, claim) in packed:
+        row = rows[event.id]
+        assert position == row.position
+        assert event == store.event_of(row) and event.time.tzinfo is not None
+        assert event.time == row.time.replace(tzinfo=event.time.tzinfo) and event.lease == row.lease_id
+        expected = Dedup(row.dedup_key, row.dedup_sha256, bool(row.dedup_rejected)) if row.dedup_key else None
+        assert dedup == expected
+        assert data == bytes(row.data or b"") and (claim.sha256 if claim else None) == row.claim_sha256
