@@ -196,6 +196,12 @@ CONFIGS = {
     "embedded-nofsync": lambda: Config("embedded-nofsync", "  same, log_fsync=false", fsync=False),
     "embedded-pg": lambda: Config("embedded-pg", "  embedded log + PostgreSQL", postgres=True),
     "noida": lambda: Config("noida", "Kafka (noida-db) + PostgreSQL", "kafka", broker="noida", postgres=True),
+    # noida-db answers an empty fetch at once (it ignores fetch.max.wait.ms), so idle consumers
+    # spin unless they pause between empty fetches (the setting a noida deployment uses).
+    "noida-pause": lambda: Config(
+        "noida-pause", "  same, idle poll pause 5 ms", "kafka", broker="noida", postgres=True,
+        env={"OPENRL_KAFKA_IDLE_POLL_PAUSE_MS": "5"},
+    ),  # fmt: skip
     # Tansu holds every fetch for the consumer's full fetch_max_wait_ms even when records
     # arrive (Kafka answers at once), so a Tansu deployment lowers the wait (500 ms by default).
     "tansu": lambda: Config(

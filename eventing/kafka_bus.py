@@ -48,8 +48,10 @@ class KafkaBus:
         request_timeout_ms: int = 30_000,
         publish_timeout: float = 30.0,
         fetch_max_wait_ms: int = 500,
+        idle_poll_pause_ms: int = 0,
     ) -> None:
         self._partitions = partitions
+        self._idle_poll_pause = idle_poll_pause_ms / 1000
         self._replication = replication_factor
         self._publish_timeout = publish_timeout
         self._session_timeout_ms = session_timeout_ms
@@ -170,7 +172,7 @@ class KafkaBus:
             consumer.subscribe(topics=list(topics))
         else:
             consumer.subscribe(pattern=pattern)
-        wrapped = KafkaBusConsumer(self, consumer, group, close_timeout_ms=self._session_timeout_ms)
+        wrapped = KafkaBusConsumer(self, consumer, group, close_timeout_ms=self._session_timeout_ms, idle_pause=self._idle_poll_pause)
         with self._lock:
             self._consumers.append(wrapped)
         return wrapped
@@ -215,17 +217,21 @@ class KafkaBus:
 class KafkaBusConsumer:
     """One member of a consumer group; like KafkaConsumer, use it from one thread."""
 
-    def __init__(self, bus: KafkaBus, consumer: KafkaConsumer, group: str, close_timeout_ms: int) -> None:
+    def __init__(self, bus: KafkaBus, consumer: KafkaConsumer, group: str, close_timeout_ms: int, idle_pause: float = 0.0) -> None:
         self._bus = bus
         self._consumer = consumer
         self.group = group
         self._close_timeout_ms = close_timeout_ms
+        self._idle_pause = idle_pause
         self._closed = False
 
     def poll(self, max_records: int = 100, timeout: float = 1.0) -> list[Record]:
         if self._closed:
             return []
-        batches = self._consumer.poll(timeout_ms=max(0, int(timeout * 1000)), max_records=max_records)
+        if self._idle_pause > 0:
+            batches = self._poll_pausing(max_records, timeout)
+        else:
+            batches = self._consumer.poll(timeout_ms=max(0, int(timeout * 1000)), max_records=max_records)
         records: list[Record] = []
         for tp, batch in batches.items():
             for r in batch:
@@ -233,6 +239,21 @@ class KafkaBusConsumer:
                 message = Message(headers=headers, key=r.key, value=r.value if r.value is not None else b"")
                 records.append(Record(tp.topic, tp.partition, r.offset, message, _seconds(r.timestamp)))
         return records
+
+    def _poll_pausing(self, max_records: int, timeout: float) -> dict:
+        """For a broker that answers an empty fetch at once instead of holding it for
+        fetch_max_wait_ms (noida-db does): kafka-python's poll then sends the next fetch at
+        once, and an idle consumer spins a core until its timeout. Here each round polls for
+        1 ms and pauses between rounds that found nothing, so a record waits at most about
+        one pause longer than it would with Kafka. (A round of 0 ms gave the group protocol
+        no time: a join started by a new pattern-matched topic never completed.)"""
+        deadline = time.monotonic() + timeout
+        while True:
+            batches = self._consumer.poll(timeout_ms=1, max_records=max_records)
+            remaining = deadline - time.monotonic()
+            if batches or remaining <= 0 or self._closed:
+                return batches
+            time.sleep(min(self._idle_pause, remaining))
 
     def commit(self, offsets: Optional[dict[TP, int]] = None, *, wait: bool = True) -> None:
         """Commit the given next-offsets, or else everything polled so far (`wait=False`:

@@ -48,6 +48,7 @@ class Runtime:
                 self.settings.kafka_bootstrap,
                 partitions=self.settings.log_partitions,
                 fetch_max_wait_ms=self.settings.kafka_fetch_max_wait_ms,
+                idle_poll_pause_ms=self.settings.kafka_idle_poll_pause_ms,
             )
         return EmbeddedLog(self.settings.data_dir / "log.db", self.settings.log_partitions, self.settings.log_fsync)
 

@@ -73,6 +73,14 @@ class Settings(BaseSettings):
         description="longest a consumer's fetch waits at the broker for records when bus=kafka (Kafka's default 500); "
         "lower it for brokers that hold every fetch that long (Tansu), which otherwise adds it to each event's latency",
     )
+    kafka_idle_poll_pause_ms: int = Field(
+        0,
+        ge=0,
+        le=1000,
+        description="when bus=kafka and above 0: a consumer whose fetch found nothing pauses this long before the next "
+        "instead of fetching again at once; for brokers that answer an empty fetch at once instead of holding it for "
+        "kafka_fetch_max_wait_ms (noida-db), on which idle consumers otherwise spin a core. Adds up to this much latency",
+    )
     log_partitions: int = Field(4, ge=1, le=64, description="partitions per topic (embedded log, and Kafka topics OpenRL creates)")
     log_fsync: bool = Field(True, description="embedded log: fsync every append (SQLite synchronous=FULL)")
     instance_id: Optional[str] = Field(
