@@ -17,10 +17,12 @@ skipped by its id.
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from eventing import topics
 from eventing.bus import EventBus
@@ -49,23 +51,77 @@ class ReplayReport:
 
 
 def rebuild(source: EventStore, target: EventStore, batch: int = 2000) -> tuple[int, float]:
-    """Append every source event to `target` in order; returns (events, seconds)."""
+    """Append every source event to `target` in order; returns (events, seconds).
+
+    From PostgreSQL the next chunk's rows are fetched on a thread while this one is decoded
+    and folded (`_fetch_ahead`): the query is the server's work, during which the fetching
+    thread only waits, with the GIL released. From SQLite the query is this process's own
+    work and is not moved: on a thread it would only contend for the GIL with the fold."""
     started = time.perf_counter()
-    count, position = 0, 0
+    count = 0
     rebuilder = target.rebuilder()
+    ahead = source.engine.dialect.name == "postgresql"
+    fetched = _fetch_ahead(source, batch) if ahead else _fetch(source, batch)
     try:
-        while True:
-            chunk = source.read_packed(position, batch)
-            if not chunk:
-                break
+        for rows in fetched:
+            chunk = source.decode_packed(rows)
             # One transaction per chunk: the fold is the same, the commits (and fsyncs) are not,
             # and the unit of work reads and writes a chunk's rows in a few statements.
             rebuilder.append([(event, dedup) for _, event, dedup, _p in chunk], [packed for *_e, packed in chunk])
             count += len(chunk)
-            position = chunk[-1][0]
     finally:
+        fetched.close()
         rebuilder.close()
     return count, time.perf_counter() - started
+
+
+def _fetch(source: EventStore, batch: int) -> Iterator[list[tuple]]:
+    """The source's events table in store order, `batch` rows at a time, as fetched."""
+    position = 0
+    while rows := source.fetch_packed(position, batch):
+        yield rows
+        position = rows[-1][0]
+
+
+def _fetch_ahead(source: EventStore, batch: int) -> Iterator[list[tuple]]:
+    """`_fetch`, one chunk ahead on a thread of its own; its error is raised here, and
+    closing the generator stops the thread."""
+    chunks: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def fetch() -> None:
+        try:
+            for rows in _fetch(source, batch):
+                if not _hand_over(chunks, stop, rows):
+                    return
+            _hand_over(chunks, stop, [])
+        except BaseException as exc:
+            _hand_over(chunks, stop, exc)
+
+    fetcher = threading.Thread(target=fetch, name="replay-fetcher", daemon=True)
+    fetcher.start()
+    try:
+        while True:
+            rows = chunks.get()
+            if isinstance(rows, BaseException):
+                raise rows
+            if not rows:
+                return
+            yield rows
+    finally:
+        stop.set()
+        fetcher.join()
+
+
+def _hand_over(chunks: queue.Queue, stop: threading.Event, item) -> bool:
+    """Put `item` in the queue unless the consumer went away meanwhile; whether it went in."""
+    while not stop.is_set():
+        try:
+            chunks.put(item, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
 
 
 def read_log(

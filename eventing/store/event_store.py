@@ -284,8 +284,14 @@ class EventStore:
         expression a row) were a tenth of a rebuild. SQLite hands `time` back as the text
         SQLAlchemy stored, which `datetime.fromisoformat` reads (the tests compare the two
         readings)."""
+        return self.decode_packed(self.fetch_packed(after_position, limit))
+
+    def fetch_packed(self, after_position: int = 0, limit: int = 1000) -> list[tuple]:
+        """`read_packed`'s rows as the driver gives them, not decoded yet (`decode_packed`)."""
         with self.engine.connect() as conn:
-            rows = conn.exec_driver_sql(_packed_sql(conn.dialect), (after_position, limit)).fetchall()
+            return conn.exec_driver_sql(_packed_sql(conn.dialect), (after_position, limit)).fetchall()
+
+    def decode_packed(self, rows: list[tuple]) -> list[tuple[int, Event, Optional[Dedup], tuple]]:
         parse = _text_time if self.engine.dialect.name == "sqlite" else utc
         unpack, stored, packed = self.codec.unpack, Event.stored, []
         for position, id_, type_, source, tenant, key, subject, time, data, sha, size, lease, dkey, dsha, drejected in rows:

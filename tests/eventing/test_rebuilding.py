@@ -228,3 +228,50 @@ def failed_write_is_raised(live_store, target, _rebuilt):
     assert gc.isenabled() and gc.get_freeze_count() == 0
     with target.engine.connect() as conn:  # the two batches before the failure, whole
         assert conn.execute(select(tables.events.c.id)).scalars().all() == [e.id for _, e, _d in live_store.read_with_dedup(0, 8)]
+
+
+@pytest.mark.postgres
+def test_from_postgresql_the_next_chunk_is_fetched_ahead_and_a_failure_on_either_side_stops_it(tmp_path, pg_url):
+    live_store, projections = fresh(tmp_path, "live.db", pg_url)
+    history(live_store)
+    steps(live_store, 4)
+    real_fetch, fetched_by = live_store.fetch_packed, []
+
+    def fetch(*args):
+        fetched_by.append(threading.current_thread().name)
+        return real_fetch(*args)
+
+    live_store.fetch_packed = fetch
+    target, rebuilt = fresh(tmp_path, "rebuilt.db")
+    assert rebuild(live_store, target, batch=4)[0] == 30
+    assert set(fetched_by) == {"replay-fetcher"} and len(fetched_by) == 9  # 8 chunks and the empty end
+    assert diff(projections, rebuilt) == []
+
+    def broken_fetch(*args):  # the source fails on its third chunk: the error comes out of rebuild
+        if len(fetched_by) == 11:
+            raise OSError("source gone")
+        return fetch(*args)
+
+    live_store.fetch_packed = broken_fetch
+    with pytest.raises(OSError, match="source gone"):
+        rebuild(live_store, fresh(tmp_path, "second.db")[0], batch=4)
+    third, _ = fresh(tmp_path, "third.db")
+    third.rebuilder = lambda: FailingRebuilder(third)  # the fold fails on its second chunk
+    live_store.fetch_packed = fetch
+    with pytest.raises(RuntimeError, match="fold failed"):
+        rebuild(live_store, third, batch=4)
+    assert not [t for t in threading.enumerate() if t.name == "replay-fetcher"]
+
+
+class FailingRebuilder:
+    def __init__(self, store):
+        self.real, self.calls = store.__class__.rebuilder(store), 0
+
+    def append(self, events, packed=None):
+        self.calls += 1
+        if self.calls == 2:
+            raise RuntimeError("fold failed")
+        return self.real.append(events, packed)
+
+    def close(self):
+        self.real.close()
