@@ -261,7 +261,8 @@ def main() -> None:
             + ("projections match" if not r["differences"] else f"{len(r['differences'])} DIFFERENCES: {r['differences'][:3]}")
         )
     print("e/s = events per second; rebuild = read+decode and append each event into a fresh store (replay.rebuild);")
-    print("fold only = events / (rebuild time - read+decode time)")
+    print("fold only = events / (rebuild time - read+decode time); from and into PostgreSQL the rebuild fetches the next")
+    print("chunk and writes the last one while it folds (eventing/replay.py, eventing/store/rebuilding.py), so there it is an upper bound")
     if any(r["differences"] for r in results.values()):
         raise SystemExit(1)
 
