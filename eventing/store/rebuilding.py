@@ -42,7 +42,7 @@ from sqlalchemy.exc import IntegrityError
 
 from eventing.dedup import Dedup
 from eventing.store import tables as t
-from eventing.store.unit_of_work import DeferredWrites, Rows
+from eventing.store.unit_of_work import DeferredWrites, Rows, copy_context
 from openrl_core.events import Event
 
 # About 1 kB a row held: 500,000 is a few hundred MB, past a million events of history.
@@ -96,6 +96,7 @@ class Rebuilder:
         self._collecting: Optional[bool] = None  # whether the collector was on before the first batch
         self._conn = None  # the rebuild's own connection (SQLite: checkpointing once at the end)
         self._writer = _Writer()
+        self._copy_context = None  # PostgreSQL: formats a batch's COPY rows without the connection
 
     def _connection(self):
         if self._conn is None:
@@ -103,6 +104,8 @@ class Rebuilder:
             if self._conn.dialect.name == "sqlite":
                 self._conn.exec_driver_sql("PRAGMA wal_autocheckpoint=0")
                 self._conn.commit()
+            elif self._conn.dialect.name == "postgresql":  # made here, before any writer thread uses the connection
+                self._copy_context = copy_context(self._conn)
         return self._conn
 
     @property
@@ -144,7 +147,7 @@ class Rebuilder:
     def _append_behind(self, conn, events, items, packed) -> int:
         """PostgreSQL: fold the batch here, then hand its writes to a thread once the batch
         before has committed, and return while the server works on them (see `_Writer`)."""
-        writes = DeferredWrites(conn.dialect, conn.connection.driver_connection)
+        writes = DeferredWrites(conn.dialect, self._copy_context)
         try:
             outcomes, finished = self.store._fold_batch(writes, items, True, rows=self._rows, known=self._known, packed=packed)
         except BaseException:

@@ -136,13 +136,14 @@ class _RowsInsert:
     def execute(self, conn: Connection, rows: list[dict]) -> None:
         self.send(conn, self.copy_sql, self.format(conn.connection.driver_connection, rows))
 
-    def format(self, driver_connection, rows: list[dict]) -> bytes:
-        """The rows as COPY's text format, each value as the connection's adapters write it.
-        (psycopg's own formatter, the one its `Copy.write_row` runs: no public name yet.)"""
+    def format(self, context, rows: list[dict]) -> bytes:
+        """The rows as COPY's text format, each value as `context`'s adapters write it: a
+        psycopg connection, or its `copy_context`. (psycopg's own formatter, the one its
+        `Copy.write_row` runs: it has no public name yet.)"""
         from psycopg._copy_base import TextFormatter
         from psycopg.adapt import Transformer
 
-        formatter, order = TextFormatter(Transformer(driver_connection)), self.order
+        formatter, order = TextFormatter(Transformer(context)), self.order
         chunks = [
             formatter.write_row([process(row[name]) if process else row[name] for name, process in order]) for row in rows
         ]
@@ -158,6 +159,27 @@ class _RowsInsert:
                 copy.write(data)
         except psycopg.Error as exc:
             raise DBAPIError.instance(copy_sql, None, exc, psycopg.Error, dialect=conn.dialect) from exc
+
+
+class _CopyContext:
+    """A psycopg adaptation context with a connection's adapters but not the connection, for
+    formatting COPY rows on one thread while another uses the connection (libpq's
+    connection object is not to be shared between threads): text is then encoded as UTF-8,
+    so the connection must use that client encoding."""
+
+    def __init__(self, adapters) -> None:
+        self.adapters = adapters
+        self.connection = None
+
+
+def copy_context(conn: Connection) -> _CopyContext:
+    """For `DeferredWrites` on PostgreSQL: sets `conn`'s client encoding to UTF-8 if it is
+    another, and returns a context that formats rows without touching `conn`."""
+    raw = conn.connection.driver_connection
+    if raw.info.encoding != "utf-8":
+        conn.exec_driver_sql("SET client_encoding TO 'UTF8'")
+        conn.commit()
+    return _CopyContext(raw.adapters)
 
 
 _INSERT = re.compile(r"INSERT INTO (\w+) \(([\w\", ]+)\) VALUES (\(.*\))(?: RETURNING [\w.]+(?:, [\w.]+)*)?", re.DOTALL)
@@ -182,9 +204,9 @@ class DeferredWrites:
     be another thread's: what is left there is the database's work, with the GIL released
     while the driver waits on it."""
 
-    def __init__(self, dialect, driver_connection=None) -> None:
+    def __init__(self, dialect, copy_context=None) -> None:
         self.dialect = dialect
-        self._driver = driver_connection  # PostgreSQL: whose adapters format COPY rows
+        self._driver = copy_context  # PostgreSQL: what formats COPY rows (`copy_context`)
         self._writes: list[tuple[str, str, object]] = []  # (kind, sql, params or COPY data)
 
     def add(self, statement, rows: list[dict]) -> None:

@@ -275,3 +275,23 @@ class FailingRebuilder:
 
     def close(self):
         self.real.close()
+
+
+@pytest.mark.postgres
+def test_copy_rows_go_as_utf8_whatever_the_targets_client_encoding(tmp_path):
+    """A rebuild formats its COPY rows on one thread while another sends the last batch, so
+    it encodes text itself, as UTF-8, and sets its connection to match."""
+    from openrl_core.events import sessions as se
+
+    with scratch_pg_database() as live_url, scratch_pg_database() as target_url:
+        live_store, projections = fresh(tmp_path, "live.db", live_url)
+        created = se.SessionCreated(session_id="s9", tags=["ünïcødé"], user_metadata={"k": "éàç"}, display_name="ünïcødé, tab\there \\ ñ")
+        live_store.append(new_event(se.SESSION_CREATED, created, tenant="alice", source="/t"))
+        history(live_store)
+        target, rebuilt = fresh(tmp_path, "rebuilt.db", target_url + "?client_encoding=latin1")
+        assert rebuild(live_store, target, batch=4)[0] == 15
+        assert diff(projections, rebuilt) == []
+        [row] = [r for r in rebuilt.table_rows("sessions") if r["session_id"] == "s9"]
+        assert row["display_name"] == "ünïcødé, tab\there \\ ñ" and row["tags"] == ["ünïcødé"]  # a text column, and JSON
+        target.engine.dispose()
+        live_store.engine.dispose()
