@@ -134,7 +134,16 @@ class _RowsInsert:
         return cls(f"COPY {table} ({columns}) FROM STDIN", [(name, processors.get(name)) for name in names])
 
     def execute(self, conn: Connection, rows: list[dict]) -> None:
-        self.send(conn, self.copy_sql, self.format(conn.connection.driver_connection, rows))
+        """Row by row into the COPY stream: psycopg sends what it has formatted every 32 KiB,
+        so the server works on the first rows while the last are formatted (measured faster
+        than formatting all rows first and sending them at once)."""
+        order = self.order
+
+        def fill(copy) -> None:
+            for row in rows:
+                copy.write_row([process(row[name]) if process else row[name] for name, process in order])
+
+        _copy(conn, self.copy_sql, fill)
 
     def format(self, context, rows: list[dict]) -> bytes:
         """The rows as COPY's text format, each value as `context`'s adapters write it: a
@@ -152,13 +161,20 @@ class _RowsInsert:
 
     @staticmethod
     def send(conn: Connection, copy_sql: str, data: bytes) -> None:
-        import psycopg  # only reached on PostgreSQL, whose driver this is
+        """Rows `format` made, in one COPY."""
+        _copy(conn, copy_sql, lambda copy: copy.write(data))
 
-        try:
-            with conn.connection.driver_connection.cursor() as cursor, cursor.copy(copy_sql) as copy:
-                copy.write(data)
-        except psycopg.Error as exc:
-            raise DBAPIError.instance(copy_sql, None, exc, psycopg.Error, dialect=conn.dialect) from exc
+
+def _copy(conn: Connection, copy_sql: str, fill) -> None:
+    """`fill(copy)` writes a COPY FROM STDIN's data; psycopg's errors come out as SQLAlchemy's
+    (a unique violation as IntegrityError), as from a statement run through `conn`."""
+    import psycopg  # only reached on PostgreSQL, whose driver this is
+
+    try:
+        with conn.connection.driver_connection.cursor() as cursor, cursor.copy(copy_sql) as copy:
+            fill(copy)
+    except psycopg.Error as exc:
+        raise DBAPIError.instance(copy_sql, None, exc, psycopg.Error, dialect=conn.dialect) from exc
 
 
 class _CopyContext:
