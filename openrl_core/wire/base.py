@@ -2,9 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+import math
+from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict
+
+
+def _finite_json(value: dict[str, Any]) -> dict[str, Any]:
+    """NaN and the infinities are not JSON (RFC 8259), though Python's and pydantic's parsers
+    take the bare tokens: refused here, because PostgreSQL's JSON columns refuse them too, so
+    the same request would be stored on one deployment and fail on the other."""
+    pending: list[Any] = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError("holds NaN or infinity, which JSON cannot carry")
+        if isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            pending.extend(item)
+    return value
+
+
+# A free-form JSON object of the client's (user_metadata, optimizer configs): any JSON value
+# but NaN and the infinities.
+JsonObject = Annotated[dict[str, Any], AfterValidator(_finite_json)]
 
 
 class WireRequest(BaseModel):

@@ -7,7 +7,7 @@ from typing import Any, Literal, Optional
 from pydantic import ConfigDict, Field
 
 from openrl_core.params import SamplingParams
-from openrl_core.wire.base import WireRequest, WireResponse
+from openrl_core.wire.base import JsonObject, WireRequest, WireResponse
 
 
 class CreateSamplingSessionRequest(WireRequest):
@@ -58,7 +58,7 @@ class SampleRequest(WireRequest):
     topk_sample_logprobs: int = 0
     prompt_alt_tokens_k: int = 0
     prompt_logprobs_last_n: Optional[int] = None
-    target_prompt_logprobs: Optional[dict[str, Any]] = None
+    target_prompt_logprobs: Optional[JsonObject] = None
     record_stability_info: bool = False
     base_model: Optional[str] = None
     model_path: Optional[str] = None

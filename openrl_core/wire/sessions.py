@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Literal, Optional
 
 from pydantic import Field
 
-from openrl_core.wire.base import WireRequest, WireResponse
+from openrl_core.wire.base import JsonObject, WireRequest, WireResponse
 
 
 class ClientConfigRequest(WireRequest):
@@ -15,7 +15,7 @@ class ClientConfigRequest(WireRequest):
 
 class CreateSessionRequest(WireRequest):
     tags: list[str] = Field(default_factory=list)
-    user_metadata: dict[str, Any] = Field(default_factory=dict)
+    user_metadata: JsonObject = Field(default_factory=dict)
     sdk_version: Optional[str] = None
     project_id: Optional[str] = None
     display_name: Optional[str] = None

@@ -10,7 +10,7 @@ from typing import Any, Literal, Optional
 from pydantic import Field
 
 from openrl_core.params import AdamParams, LoraConfig
-from openrl_core.wire.base import WireRequest, WireResponse
+from openrl_core.wire.base import JsonObject, WireRequest, WireResponse
 
 
 class CreateModelRequest(WireRequest):
@@ -18,8 +18,8 @@ class CreateModelRequest(WireRequest):
     model_seq_id: int = Field(ge=0)
     base_model: str
     lora_config: Optional[LoraConfig] = None
-    user_metadata: Optional[dict[str, Any]] = None
-    optimizer_config: Optional[dict[str, Any]] = None
+    user_metadata: Optional[JsonObject] = None
+    optimizer_config: Optional[JsonObject] = None
 
 
 class GetInfoRequest(WireRequest):
@@ -46,7 +46,7 @@ class OptimStepRequest(WireRequest):
     model_id: str
     seq_id: int = Field(ge=1)
     adam_params: Optional[AdamParams] = None
-    optimizer_params: Optional[dict[str, Any]] = None
+    optimizer_params: Optional[JsonObject] = None
 
 
 class SaveWeightsRequest(WireRequest):
@@ -55,7 +55,7 @@ class SaveWeightsRequest(WireRequest):
     path: Optional[str] = None
     ttl_seconds: Optional[int] = Field(None, ge=1)
     overwrite: bool = False
-    user_metadata: Optional[dict[str, Any]] = None
+    user_metadata: Optional[JsonObject] = None
 
 
 class SaveWeightsForSamplerRequest(WireRequest):
@@ -65,7 +65,7 @@ class SaveWeightsForSamplerRequest(WireRequest):
     kind: Literal["snapshot", "inflight"] = "snapshot"
     sampling_session_seq_id: Optional[int] = Field(None, ge=0)
     ttl_seconds: Optional[int] = Field(None, ge=1)
-    user_metadata: Optional[dict[str, Any]] = None
+    user_metadata: Optional[JsonObject] = None
 
 
 class LoadWeightsRequest(WireRequest):
@@ -78,6 +78,6 @@ class LoadWeightsRequest(WireRequest):
     session_id: Optional[str] = None
     model_seq_id: Optional[int] = Field(None, ge=0)
     base_model: Optional[str] = None
-    user_metadata: Optional[dict[str, Any]] = None
-    optimizer_config: Optional[dict[str, Any]] = None
+    user_metadata: Optional[JsonObject] = None
+    optimizer_config: Optional[JsonObject] = None
     weights_access_token: Optional[str] = None

@@ -229,3 +229,28 @@ def test_a_cancel_reason_that_is_not_a_string_is_refused(api):
         answer = client.post(f"/api/openrl/v1/runs/{model_id}/cancel", json={"reason": reason}, headers={"X-API-Key": ALICE})
         assert_clear_4xx(answer, 400, "reason must be a string")
     assert snapshot(runtime) == before
+
+
+@pytest.mark.parametrize("token", ["NaN", "Infinity", "-Infinity"])
+def test_nan_or_infinity_in_free_form_json_is_a_400(api, token):
+    """Python's and pydantic's JSON parsers take these bare tokens, JSON does not, and
+    PostgreSQL's JSON columns refuse them: a session or run whose user_metadata held one was
+    stored on SQLite and failed on PostgreSQL. Refused alike everywhere, nested or not."""
+    client, runtime = api
+    session_id, model_id = session_and_model(client)
+    before = snapshot(runtime)
+    bodies = [
+        ("/api/v1/create_session", '{"tags": [], "user_metadata": {"a": %s}}'),
+        ("/api/v1/create_session", '{"tags": [], "user_metadata": {"a": {"b": [1, %s]}}}'),
+        ("/api/v1/create_model", '{"session_id": "SID", "model_seq_id": 1, "base_model": "MODEL", "lora_config": {"rank": 4}, '
+                                 '"user_metadata": {"x": [%s]}}'),
+        ("/api/v1/optim_step", '{"model_id": "MID", "seq_id": 1, "optimizer_params": {"lr": %s}}'),
+    ]  # fmt: skip
+    for path, template in bodies:
+        text = (template % token).replace("SID", session_id).replace("MID", model_id).replace("MODEL", MODEL)
+        response = client.post(path, content=text, headers={"X-API-Key": ALICE, "Content-Type": "application/json"})
+        assert_clear_4xx(response, 400, "NaN or infinity")
+    assert snapshot(runtime) == before
+    # Finite numbers, big integers and nulls are JSON and go through.
+    fine = '{"tags": [], "user_metadata": {"a": 1.5e300, "b": 123456789012345678901234567890, "c": null}}'
+    assert client.post("/api/v1/create_session", content=fine, headers={"X-API-Key": ALICE, "Content-Type": "application/json"}).status_code == 200
