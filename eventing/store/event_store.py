@@ -295,11 +295,10 @@ class EventStore:
         parse = _text_time if self.engine.dialect.name == "sqlite" else utc
         unpack, stored, packed = self.codec.unpack, Event.stored, []
         for position, id_, type_, source, tenant, key, subject, time, data, sha, size, lease, dkey, dsha, drejected in rows:
-            data = bytes(data or b"")
-            claim = BlobRef(sha256=sha, size=size) if sha else None
+            data, claim = bytes(data or b""), _claim(sha, size)
             event = stored(id=id_, type=type_, source=source, time=parse(time), tenant=tenant, key=key, subject=subject,
                            lease=lease, data=unpack(tenant, type_, data, claim))  # fmt: skip
-            packed.append((position, event, Dedup(dkey, dsha, bool(drejected)) if dkey else None, (data, claim)))
+            packed.append((position, event, _dedup(dkey, dsha, drejected), (data, claim)))
         return packed
 
     def rebuilder(self) -> Rebuilder:
@@ -370,9 +369,19 @@ def _check_same(earlier, dedup: Dedup) -> None:
         raise Conflict(f"{what} was already submitted with a different body")
 
 
+def _claim(sha256: Optional[str], size: Optional[int]) -> Optional[BlobRef]:
+    """An events row's claim check, from its claim_sha256 and claim_size columns."""
+    return BlobRef(sha256=sha256, size=size) if sha256 else None
+
+
+def _dedup(key: Optional[str], sha256: Optional[str], rejected) -> Optional[Dedup]:
+    """An events row's dedup identity, from its dedup_key, dedup_sha256 and dedup_rejected columns."""
+    return Dedup(key, sha256, bool(rejected)) if key else None
+
+
 def _claim_of(row) -> Optional[BlobRef]:
-    return BlobRef(sha256=row.claim_sha256, size=row.claim_size) if row.claim_sha256 else None
+    return _claim(row.claim_sha256, row.claim_size)
 
 
 def _dedup_of(row) -> Optional[Dedup]:
-    return Dedup(row.dedup_key, row.dedup_sha256, bool(row.dedup_rejected)) if row.dedup_key else None
+    return _dedup(row.dedup_key, row.dedup_sha256, row.dedup_rejected)

@@ -18,7 +18,6 @@ writes only the columns it changed, so two processes updating different columns 
 from __future__ import annotations
 
 import functools
-import re
 from datetime import datetime, timezone
 from typing import Any, Iterable, Optional
 
@@ -99,7 +98,7 @@ class _Compiled:
         self.positional = compiled.positiontup is not None
         names = list(compiled.positiontup) if self.positional else list(compiled.binds)
         self.order = [(name, processors.get(name)) for name in names]
-        self.rows_insert = _RowsInsert.of(statement, dialect, self.sql, processors)
+        self.rows_insert = _RowsInsert.of(statement, dialect, keys, processors)
 
     def params(self, rows: list[dict]) -> list:
         order = self.order
@@ -121,27 +120,27 @@ class _RowsInsert:
         self.copy_sql, self.order = copy_sql, order
 
     @classmethod
-    def of(cls, statement, dialect, sql: str, processors: dict) -> Optional["_RowsInsert"]:
+    def of(cls, statement, dialect, keys: tuple[str, ...], processors: dict) -> Optional["_RowsInsert"]:
+        """For an INSERT on PostgreSQL whose values are exactly `keys`, one bind each (SQLAlchemy
+        names an INSERT's binds by column); None for anything else (a column default or a SQL
+        expression among the values), which stays an INSERT."""
         if dialect.name != "postgresql" or not isinstance(statement, Insert):
             return None
-        match = _INSERT.fullmatch(sql)
-        if match is None:
+        table = statement.table
+        if set(processors) != set(keys) or not set(keys) <= set(table.c.keys()):
             return None
-        table, columns, values = match.groups()
-        names = _NAMED.findall(values)  # in the order the VALUES group names them
-        if [c.strip().strip('"') for c in columns.split(",")] != names:
-            return None  # a value that is not its own column's parameter: leave it to INSERT
-        return cls(f"COPY {table} ({columns}) FROM STDIN", [(name, processors.get(name)) for name in names])
+        quote = dialect.identifier_preparer.quote
+        names = [column.name for column in table.columns if column.name in keys]  # the table's order, as the INSERT has them
+        columns = ", ".join(quote(name) for name in names)
+        return cls(f"COPY {dialect.identifier_preparer.format_table(table)} ({columns}) FROM STDIN", [(name, processors[name]) for name in names])
 
     def execute(self, conn: Connection, rows: list[dict]) -> None:
         """Row by row into the COPY stream: psycopg sends what it has formatted every 32 KiB,
         so the server works on the first rows while the last are formatted (measured faster
         than formatting all rows first and sending them at once)."""
-        order = self.order
-
         def fill(copy) -> None:
             for row in rows:
-                copy.write_row([process(row[name]) if process else row[name] for name, process in order])
+                copy.write_row(self._values(row))
 
         _copy(conn, self.copy_sql, fill)
 
@@ -152,12 +151,14 @@ class _RowsInsert:
         from psycopg._copy_base import TextFormatter
         from psycopg.adapt import Transformer
 
-        formatter, order = TextFormatter(Transformer(context)), self.order
-        chunks = [
-            formatter.write_row([process(row[name]) if process else row[name] for name, process in order]) for row in rows
-        ]
+        formatter = TextFormatter(Transformer(context))
+        chunks = [formatter.write_row(self._values(row)) for row in rows]
         chunks.append(formatter.end())
         return b"".join(chunks)
+
+    def _values(self, row: dict) -> list:
+        """A row's values in COPY's column order, each through its column's bind processor."""
+        return [process(row[name]) if process else row[name] for name, process in self.order]
 
     @staticmethod
     def send(conn: Connection, copy_sql: str, data: bytes) -> None:
@@ -198,8 +199,6 @@ def copy_context(conn: Connection) -> _CopyContext:
     return _CopyContext(raw.adapters)
 
 
-_INSERT = re.compile(r"INSERT INTO (\w+) \(([\w\", ]+)\) VALUES (\(.*\))(?: RETURNING [\w.]+(?:, [\w.]+)*)?", re.DOTALL)
-_NAMED = re.compile(r"%\((\w+)\)s")
 _COMPILED: dict[tuple, _Compiled] = {}
 
 
@@ -220,15 +219,15 @@ class DeferredWrites:
     be another thread's: what is left there is the database's work, with the GIL released
     while the driver waits on it."""
 
-    def __init__(self, dialect, copy_context=None) -> None:
+    def __init__(self, dialect, formatting=None) -> None:
         self.dialect = dialect
-        self._driver = copy_context  # PostgreSQL: what formats COPY rows (`copy_context`)
+        self._formatting = formatting  # PostgreSQL: what formats COPY rows (`copy_context`)
         self._writes: list[tuple[str, str, object]] = []  # (kind, sql, params or COPY data)
 
     def add(self, statement, rows: list[dict]) -> None:
         compiled = _compiled(self.dialect, statement, rows)
-        if compiled.rows_insert is not None and self._driver is not None:
-            self._writes.append(("copy", compiled.rows_insert.copy_sql, compiled.rows_insert.format(self._driver, rows)))
+        if compiled.rows_insert is not None and self._formatting is not None:
+            self._writes.append(("copy", compiled.rows_insert.copy_sql, compiled.rows_insert.format(self._formatting, rows)))
         else:
             self._writes.append(("sql", compiled.sql, compiled.params(rows)))
 
@@ -239,8 +238,6 @@ class DeferredWrites:
         for kind, sql, params in self._writes:
             if kind == "copy":
                 _RowsInsert.send(conn, sql, params)
-            elif len(params) == 1:
-                conn.exec_driver_sql(sql, params[0])
             else:
                 conn.exec_driver_sql(sql, params)
 
