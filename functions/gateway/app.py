@@ -21,6 +21,7 @@ from fastapi import FastAPI
 from functions.gateway import errors, openapi
 from functions.gateway.body_limit import BodyLimit
 from functions.gateway.context import GatewayContext
+from functions.gateway.fast_lane import GatewayApp
 from functions.gateway.routes import client, futures, models, sampling, sessions, training
 from functions.gateway import downloads
 from functions.gateway.routes import checkpoints, runs
@@ -38,7 +39,7 @@ def create_app(ctx: GatewayContext) -> FastAPI:
         ctx.waiters.bind(asyncio.get_running_loop())
         yield
 
-    app = FastAPI(title="OpenRL gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = GatewayApp(title="OpenRL gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.ctx = ctx
     app.add_middleware(BodyLimit, limit=ctx.settings.max_request_bytes)
     errors.install(app)
@@ -52,6 +53,7 @@ def create_app(ctx: GatewayContext) -> FastAPI:
         app.include_router(module.router)
     app.include_router(unsupported.router)  # Tinker endpoints a self-hosted server refuses, with reasons
     openapi.install(app)  # /openapi.json: every route's real bodies and statuses
+    app.enable_fast_lane(ctx.settings.max_request_bytes)  # last: it reads the finished route table
     return app
 
 

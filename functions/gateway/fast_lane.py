@@ -1,0 +1,147 @@
+"""The hot Tinker routes served without FastAPI's generic request machinery.
+
+A future costs two requests (submit, then a long-polled `retrieve_future`), and with a
+no-op worker the framework around them was most of the gateway's CPU: six middlewares,
+a linear route match over every router, dependency solving and the telemetry wrappers,
+about 0.5 ms of the GIL per request here (bench/futures_throughput.py, py-spy --gil).
+
+The routes taken are exactly those whose endpoint is `async def f(request, ctx, tenant)`
+with nothing else to solve (no body, query or path parameters, no other dependency, the
+default response class): the endpoint reads its own body. For those this lane does what
+FastAPI would, in the same order, with FastAPI's own pieces:
+- the server-wide body limit (`BodyLimit`, the same class every other route is behind);
+- `scope["app"]` and `scope["route"]`, which the error handlers and the refusal audit read;
+- the tenant from the API key (`deps.tenant_of_request`);
+- the return value validated and serialized by the route's own response field
+  (`fastapi.routing.serialize_response`, FastAPI's JSON fast path);
+- an exception answered by the app's own handler for its class (Starlette's lookup along
+  the MRO), a handler-less one re-raised after its 500 as ServerErrorMiddleware does.
+Every other request, or any of these under a `root_path`, goes through FastAPI. The
+route table is read once from the app, so a route changed or added there is either taken
+whole or not at all; `tests/functions/gateway/test_fast_lane.py` sends the same requests
+through both paths and compares the answers byte for byte.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from fastapi import FastAPI
+from fastapi.datastructures import DefaultPlaceholder
+from fastapi.routing import APIRoute, serialize_response
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from functions.gateway import deps
+from functions.gateway.body_limit import BodyLimit
+
+
+@dataclass(frozen=True)
+class LaneRoute:
+    route: APIRoute
+    endpoint: Callable[..., Any]
+    request_arg: str
+
+
+def lane_routes(app: FastAPI) -> dict[str, LaneRoute]:
+    """POST path -> route, for every route the lane can serve exactly as FastAPI does. A path
+    that more than one route takes POST on is left to FastAPI, which decides between them."""
+    posts: dict[str, list[APIRoute]] = {}
+    for path, route in _api_routes(app.routes):
+        if "POST" in route.methods:
+            posts.setdefault(path, []).append(route)
+    table: dict[str, LaneRoute] = {}
+    for path, routes in posts.items():
+        route = routes[0]
+        dependant = route.dependant
+        plain = (
+            len(routes) == 1
+            and route.methods == {"POST"}
+            and "{" not in path
+            and isinstance(route.response_class, DefaultPlaceholder)
+            and route.status_code is None
+            and dependant.request_param_name is not None
+            and not (dependant.path_params or dependant.query_params or dependant.header_params)
+            and not (dependant.cookie_params or dependant.body_params)
+            and dependant.background_tasks_param_name is None
+            and dependant.response_param_name is None
+            and inspect.iscoroutinefunction(route.endpoint)
+            and [d.call for d in dependant.dependencies] == [deps.get_ctx, deps.get_tenant]
+            and [d.name for d in dependant.dependencies] == ["ctx", "tenant"]
+        )
+        if plain:
+            table[path] = LaneRoute(route, route.endpoint, dependant.request_param_name)
+    return table
+
+
+def _api_routes(routes, prefix: str = "") -> list[tuple[str, APIRoute]]:
+    """(full path, route) of every API route, through included routers at any depth."""
+    found = []
+    for route in routes:
+        branch = getattr(route, "original_router", None)  # newer FastAPI nests included routers
+        if branch is not None:
+            found += _api_routes(branch.routes, prefix + getattr(getattr(route, "include_context", None), "prefix", ""))
+        elif isinstance(route, APIRoute):
+            found.append((prefix + route.path, route))
+    return found
+
+
+class GatewayApp(FastAPI):
+    """The gateway's FastAPI app, with the hot routes taken by the lane (see the module doc)."""
+
+    _lane: Optional[dict[str, LaneRoute]] = None
+    _limited: Optional[BodyLimit] = None
+
+    def enable_fast_lane(self, body_limit: int) -> None:
+        self._lane = lane_routes(self)
+        self._limited = BodyLimit(self._serve_lane, limit=body_limit)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        lane = self._lane
+        if (
+            lane is not None
+            and scope["type"] == "http"
+            and scope["method"] == "POST"
+            and not scope.get("root_path")
+            and scope["path"] in lane
+        ):
+            await self._limited(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+    async def _serve_lane(self, scope: Scope, receive: Receive, send: Send) -> None:
+        taken = self._lane[scope["path"]]
+        scope["app"] = self
+        scope["route"] = taken.route
+        scope["endpoint"] = taken.endpoint
+        scope.setdefault("path_params", {})
+        request = Request(scope, receive, send)
+        try:
+            ctx = self.state.ctx
+            tenant = deps.tenant_of_request(request)
+            result = await taken.endpoint(**{taken.request_arg: request, "ctx": ctx, "tenant": tenant})
+            if isinstance(result, Response):
+                response = result
+            else:
+                body = await serialize_response(field=taken.route.response_field, response_content=result, dump_json=True)
+                response = Response(content=body, media_type="application/json")
+        except Exception as exc:
+            handler, last_resort = self._handler_for(exc)
+            if handler is None:
+                raise
+            response = await handler(request, exc)
+            await response(scope, receive, send)
+            if last_resort:
+                raise  # as ServerErrorMiddleware: the server logs it too
+            return
+        await response(scope, receive, send)
+
+    def _handler_for(self, exc: Exception) -> tuple[Optional[Callable], bool]:
+        handlers = self.exception_handlers
+        for cls in type(exc).__mro__:
+            if cls in handlers:
+                return handlers[cls], cls is Exception
+        return None, False
