@@ -17,6 +17,7 @@ and inline, as the codec keeps them below its claim-check limit.
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import random
 import tempfile
@@ -184,14 +185,24 @@ def read_rows(store, batch: int = 2000) -> int:
 
 
 def read_events(store, batch: int = 2000) -> int:
-    """What `rebuild` reads: rows decoded into typed events with their dedup identities."""
+    """What `rebuild` reads, as it reads it: the rows as the driver gives them, decoded into
+    typed events with their dedup identities and stored payloads (`read_packed`), with the
+    cyclic garbage collector off as the rebuild has it (`Rebuilder.append`). With it on, its
+    passes over the decoded events cost more than the decoding (79 against 23 us an event
+    here), and the fold-only column, the rebuild minus this read, would be flattered."""
     count, position = 0, 0
-    while True:
-        chunk = store.read_with_dedup(position, batch)
-        if not chunk:
-            return count
-        count += len(chunk)
-        position = chunk[-1][0]
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        while True:
+            chunk = store.read_packed(position, batch)
+            if not chunk:
+                return count
+            count += len(chunk)
+            position = chunk[-1][0]
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def timed(fn, *args):
