@@ -11,17 +11,22 @@ from __future__ import annotations
 import itertools
 import json
 import threading
+import time
 
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
+from eventing import topics
 from eventing.projector import Projector
 from eventing.store import tables
 from functions.gateway.app import create_app
 from functions.gateway.fast_lane import lane_routes
 from functions.runtime import Runtime
+from openrl_core.events import new_event
+from openrl_core.events import training as te
+from openrl_core.events.lifecycle import RequestCompleted, RequestFailed
 from openrl_core.settings import Settings
 
 from tests.functions.gateway.test_bad_input import fb_body
@@ -36,10 +41,11 @@ VARYING = {"date", "server"}  # set by the HTTP server per response, not by eith
 def rig(tmp_path, tiny_files):
     """One app; `lane` is the client through it as served, `framework` through FastAPI's own
     stack (the lane bypassed), both over the same store and log."""
-    runtime = Runtime(
-        Settings(data_dir=tmp_path, models=[MODEL], api_keys=[f"alice={ALICE}", f"bob={BOB}"], long_poll_seconds=0.3,
-                 max_request_bytes=64 * 1024)
+    settings = Settings(
+        data_dir=tmp_path, models=[MODEL], api_keys=[f"alice={ALICE}", f"bob={BOB}"], long_poll_seconds=0.3,
+        metadata_only_threshold_bytes=1024, max_request_bytes=64 * 1024,
     )  # fmt: skip
+    runtime = Runtime(settings)
     stop = threading.Event()
     projector = Projector(runtime.bus, runtime.store, runtime.notifier)
     thread = threading.Thread(target=projector.run, args=(stop,), daemon=True)
@@ -177,3 +183,31 @@ def test_other_methods_and_routes_still_go_through_fastapi(rig):
         assert answers[0].status_code == answers[1].status_code
         assert answers[0].headers.get("allow") == answers[1].headers.get("allow")
     assert lane.get("/api/v1/optim_step").headers["allow"] == "POST"  # the 405 names what is allowed
+
+
+def test_finished_futures_answer_alike(rig):
+    """A result (JSON, and protobuf where the SDK asks for it), its metadata-only answer, and a
+    failure: each the same bytes through both paths."""
+    lane, framework, runtime, _ = rig
+    model_id = model_of(lane)
+    done, failed = (post(lane, "/api/v1/optim_step", {"model_id": model_id, "seq_id": seq}).json()["request_id"] for seq in (1, 2))
+    big = {"metrics": {f"m{i}": float(i) for i in range(400)}}  # over the metadata-only threshold
+    for request_id, payload in ((done, RequestCompleted(request_id=done, result=big)),
+                                (failed, RequestFailed(request_id=failed, error="out of memory", category="server"))):  # fmt: skip
+        phase = "completed" if isinstance(payload, RequestCompleted) else "failed"
+        event = new_event(te.OPTIM_STEP[phase], payload, tenant="alice", source="/test-worker", key=model_id, subject=request_id)
+        runtime.publisher.publish(topics.topic("alice", "completions"), event)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not all(
+        runtime.store.finished.get("alice", request_id) is not None for request_id in (done, failed)
+    ):
+        time.sleep(0.05)
+    for poll, accept in itertools.product(
+        ({"request_id": done}, {"request_id": done, "allow_metadata_only": True}, {"request_id": failed}),
+        ("application/json", "application/x-protobuf, application/json"),
+    ):
+        answers = [post(client, "/api/v1/retrieve_future", poll, headers={"Accept": accept}) for client in (lane, framework)]
+        assert answers[0].status_code == 200
+        same(*answers)
+    metadata = post(lane, "/api/v1/retrieve_future", {"request_id": done, "allow_metadata_only": True}).json()
+    assert metadata["status"] == "complete_metadata"  # the case is the one it means to be
