@@ -16,7 +16,9 @@ FastAPI would, in the same order, with FastAPI's own pieces:
   (`fastapi.routing.serialize_response`, FastAPI's JSON fast path);
 - an exception answered by the app's own handler for its class (Starlette's lookup along
   the MRO), a handler-less one re-raised after its 500 as ServerErrorMiddleware does.
-Every other request, or any of these under a `root_path`, goes through FastAPI. The
+Every other request, any of these under a `root_path`, and all of them while FastAPI's
+OpenTelemetry instrumentation is on (an operator who installed a tracer or meter provider
+gets the hot routes' spans and metrics too), go through FastAPI. The
 route table is read once from the app, so a route changed or added there is either taken
 whole or not at all; `tests/functions/gateway/test_fast_lane.py` sends the same requests
 through both paths and compares the answers byte for byte.
@@ -107,6 +109,7 @@ class GatewayApp(FastAPI):
             and scope["method"] == "POST"
             and not scope.get("root_path")
             and scope["path"] in lane
+            and not self._native_telemetry.enabled()
         ):
             await self._limited(scope, receive, send)
             return

@@ -211,3 +211,23 @@ def test_finished_futures_answer_alike(rig):
         same(*answers)
     metadata = post(lane, "/api/v1/retrieve_future", {"request_id": done, "allow_metadata_only": True}).json()
     assert metadata["status"] == "complete_metadata"  # the case is the one it means to be
+
+
+def test_with_opentelemetry_on_every_request_goes_through_fastapi(rig, monkeypatch):
+    """FastAPI's spans and metrics are the lane's to keep: while its instrumentation is on,
+    the lane steps aside (a trace without its hottest routes would mislead)."""
+    lane, _, _, app = rig
+    served = []
+    original = app._limited.app  # what the lane's body limit hands a request to
+
+    async def spy(scope, receive, send):
+        served.append(scope["path"])
+        await original(scope, receive, send)
+
+    monkeypatch.setattr(app._limited, "app", spy)
+    model_id = model_of(lane)
+    assert post(lane, "/api/v1/optim_step", {"model_id": model_id, "seq_id": 1}).status_code == 200
+    assert served == ["/api/v1/create_model", "/api/v1/optim_step"]  # the lane, while telemetry is off
+    monkeypatch.setattr(app._native_telemetry, "enabled", lambda: True)
+    assert post(lane, "/api/v1/optim_step", {"model_id": model_id, "seq_id": 2}).status_code == 200
+    assert served == ["/api/v1/create_model", "/api/v1/optim_step"]
