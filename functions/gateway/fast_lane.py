@@ -1,9 +1,10 @@
 """The hot Tinker routes served without FastAPI's generic request machinery.
 
 A future costs two requests (submit, then a long-polled `retrieve_future`), and with a
-no-op worker the framework around them was most of the gateway's CPU: six middlewares,
-a linear route match over every router, dependency solving and the telemetry wrappers,
-about 0.5 ms of the GIL per request here (bench/futures_throughput.py, py-spy --gil).
+no-op worker the framework around them was the largest single part of the server's work:
+six middlewares, a linear route match over every router, dependency solving and the
+telemetry wrappers. Bypassing it saved about 0.45 ms of CPU per request here (4.9 against
+4.0 ms per future, bench/futures_throughput.py; the README has the profile).
 
 The routes taken are exactly those whose endpoint is `async def f(request, ctx, tenant)`
 with nothing else to solve (no body, query or path parameters, no other dependency, the
@@ -18,9 +19,9 @@ FastAPI would, in the same order, with FastAPI's own pieces:
   the MRO), a handler-less one re-raised after its 500 as ServerErrorMiddleware does.
 Every other request, any of these under a `root_path`, and all of them while FastAPI's
 OpenTelemetry instrumentation is on (an operator who installed a tracer or meter provider
-gets the hot routes' spans and metrics too), go through FastAPI. The
-route table is read once from the app, so a route changed or added there is either taken
-whole or not at all; `tests/functions/gateway/test_fast_lane.py` sends the same requests
+gets the hot routes' spans and metrics too), go through FastAPI. The route table is read
+from the app once its routes are all in (`enable_fast_lane`, last in `create_app`); a
+route added later is FastAPI's. `tests/functions/gateway/test_fast_lane.py` sends the same requests
 through both paths and compares the answers byte for byte.
 """
 
