@@ -14,6 +14,7 @@ away) or the process dies in between, the event waits in the outbox; a retried s
 
 from __future__ import annotations
 
+import asyncio
 from typing import Optional
 
 from eventing.bus import EventPublisher
@@ -34,8 +35,24 @@ class Appender:
         for a seq_id reused with another body, or the log's error when it cannot publish."""
         return self._group.submit((event, topic, dedup))
 
+    def append_later(
+        self, event: Event, topic: str, dedup: Optional[Dedup], loop: asyncio.AbstractEventLoop
+    ) -> "asyncio.Future[Appended]":
+        """`append` for a caller on an event loop: returns at once; the future (of `loop`)
+        settles as `append` would return or raise, once the group's writer thread wrote it."""
+        return self._group.submit_later((event, topic, dedup), loop)
+
+    def close(self) -> None:
+        self._group.close()
+
     def republish_outbox(self) -> int:
-        """Publish what the store holds but the log never acknowledged; returns how many."""
+        """Publish what the store holds but the log never acknowledged; returns how many.
+        Not while a batch is being written: that batch's rows are in the outbox between its
+        store commit and its own publish, and taking them too would put them on the log twice."""
+        with self._group.writing():
+            return self._republish()
+
+    def _republish(self) -> int:
         pending = self.store.unpublished()
         if pending:
             self.publisher.publish_many([(topic, event, dedup) for event, topic, dedup in pending])
@@ -56,5 +73,5 @@ class Appender:
         if any(isinstance(outcome, Appended) and outcome.duplicate_of is not None for outcome in outcomes):
             # A retry: its first attempt may have been stored and then failed to publish
             # (broker down). Finish that now rather than leave its future hanging.
-            self.republish_outbox()
+            self._republish()
         return outcomes

@@ -36,6 +36,7 @@ class Runtime:
         # Long-poll wake-ups: in process for SQLite; through LISTEN/NOTIFY for PostgreSQL,
         # where the projector and the gateways may be separate processes.
         self.notifier = PgNotifier(self.engine.url.render_as_string(hide_password=False)) if self.engine.dialect.name == "postgresql" else LocalNotifier()
+        self._gateways: list = []  # the gateway contexts made here: their queued appends finish before the log closes
         self.catalog = Catalog.from_names(settings.models or None, settings.local_models, settings.model_aliases)
         self.models = ModelDirectory(self.catalog, settings.model_cache)
 
@@ -73,9 +74,12 @@ class Runtime:
         )
         self.notifier.subscribe(ctx.waiters.notify)
         ctx.republish_outbox()
+        self._gateways.append(ctx)
         return ctx
 
     def close(self) -> None:
+        for ctx in self._gateways:
+            ctx.close()
         if "bus" in self.__dict__:
             self.bus.close()
         if isinstance(self.notifier, PgNotifier):

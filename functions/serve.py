@@ -176,9 +176,12 @@ class Node:
         self.start_workers()
         try:
             if self.app is not None:
+                # No access log: at log level warning uvicorn prints none of its lines anyway,
+                # but with it on it still formats each request's (2-3% of the event loop).
                 config = uvicorn.Config(
-                    self.app, host=self.settings.host, port=self.settings.port, log_level="warning", timeout_keep_alive=75
-                )
+                    self.app, host=self.settings.host, port=self.settings.port, log_level="warning", timeout_keep_alive=75,
+                    access_log=False,
+                )  # fmt: skip
                 uvicorn.Server(config).run()
             else:
                 for signum in (signal.SIGTERM, signal.SIGINT):

@@ -76,5 +76,10 @@ class GatewayContext:
         if self.notifier is not None:
             self.notifier.notify(ids)
 
+    def close(self) -> None:
+        """Write what the appender holds queued, then let the threads go."""
+        self.appender.close()
+        self.blocking.close()
+
     def republish_outbox(self) -> int:
         return self.appender.republish_outbox()

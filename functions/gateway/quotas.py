@@ -72,6 +72,11 @@ def check_fits_at_all(ctx, tenant: str, cost: Cost) -> None:
         check(limits, Usage(), cost, datetime.now(timezone.utc).timestamp(), tenant=tenant, overridden=overridden)
 
 
+def limited(ctx, tenant: str, cost: Optional[Cost]) -> bool:
+    """Whether admitting `cost` needs the check (and so the tenant's lock) at all."""
+    return cost is not None and ctx.settings.quotas(tenant)[0].any
+
+
 @contextmanager
 def admitted(ctx, tenant: str, cost: Optional[Cost], dedup: Optional[Dedup] = None) -> Iterator[None]:
     """Run the body (the append) only if `cost` fits the tenant's limits now; raise

@@ -7,14 +7,24 @@ trainer), because the SDK keeps sending later seq_ids and the model must not sta
 waiting for one that will never come. The one exception is a quota refusal (429): the SDK
 retries it with the same seq_id, so it stores nothing and consumes nothing (see
 `functions/gateway/quotas.py`).
+
+`submitting(ctx, fn, *args)` runs a route's blocking part in a gateway thread the way
+`ctx.blocking` does, except that a `submit` inside it does not wait there for the append:
+the thread queues the event with the appender's writer (`GroupCommit.submit_later`) and is
+free at once, and the route awaits the write on the event loop. The client still sees its
+future only once the event is stored and on the log. A tenant with quotas is the exception:
+its check and append must run under the tenant's lock, which a thread holds, so it waits
+in the thread as before.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+import asyncio
+import threading
+from typing import Callable, Generic, Optional, TypeVar, Union
 
 from eventing import topics
-from eventing.store.event_store import Dedup
+from eventing.store.event_store import Appended, Dedup
 from functions.gateway import quotas
 from functions.gateway.context import SOURCE, GatewayContext
 from openrl_core.errors import UserError
@@ -23,6 +33,38 @@ from openrl_core.events.base import Payload
 from openrl_core.events.training import SEQ_SKIPPED, SeqSkipped
 from openrl_core.ids import new_request_id
 from openrl_core.wire.base import UntypedAPIFuture
+
+T = TypeVar("T")
+
+
+class Later(Generic[T]):
+    """What `submit` answers inside `submitting`: the appender's future, then how to make
+    the route's answer from its outcome (on the loop, so nothing blocking)."""
+
+    def __init__(self, written: "asyncio.Future", finish: Callable[[object], T]) -> None:
+        self.written = written
+        self.finish = finish
+
+    async def result(self) -> T:
+        return self.finish(await self.written)
+
+
+_deferring = threading.local()  # .loop: set while a gateway thread runs a `submitting` call
+
+
+async def submitting(ctx: GatewayContext, fn: Callable[..., Union[T, Later[T]]], *args) -> T:
+    """`await ctx.blocking(fn, *args)`, where the append of a `submit` in `fn` is awaited on
+    the loop instead of in the thread (module docstring)."""
+    done = await ctx.blocking(_run_deferring, asyncio.get_running_loop(), fn, args)
+    return await done.result() if isinstance(done, Later) else done
+
+
+def _run_deferring(loop: asyncio.AbstractEventLoop, fn: Callable, args: tuple):
+    _deferring.loop = loop
+    try:
+        return fn(*args)
+    finally:
+        _deferring.loop = None
 
 
 def seq_dedup(model_id: str, seq_id: int, body: bytes) -> Dedup:
@@ -44,7 +86,7 @@ def submit_sequenced(
     body: bytes,
     event_type: str,
     build: Callable[[str], Payload],
-) -> UntypedAPIFuture:
+) -> Union[UntypedAPIFuture, Later[UntypedAPIFuture]]:
     """`build(request_id)` makes the payload; a UserError from it refuses the seq_id.
     `run` is the model's training_runs row (its id, base model and kind route the event)."""
     model_id, base_model, stream = run.model_id, run.base_model, training_stream(not run.is_lora)
@@ -72,19 +114,31 @@ def submit(
     model_id: Optional[str] = None,
     sample_sequence_ids: Optional[list[str]] = None,
     admit: bool = True,
-) -> UntypedAPIFuture:
-    """`admit=False`: the caller already admitted this submission against the tenant's quotas
-    (a multi-prompt OpenAI request is admitted whole, then submitted prompt by prompt)."""
+) -> Union[UntypedAPIFuture, Later[UntypedAPIFuture]]:
+    """The request's future; inside `submitting` (and without quotas to hold a lock for) a
+    `Later` of it. `admit=False`: the caller already admitted this submission against the
+    tenant's quotas (a multi-prompt OpenAI request is admitted whole, then submitted prompt
+    by prompt)."""
     request_id = payload.request_id  # type: ignore[attr-defined]
     event = new_event(event_type, payload, tenant=tenant, source=SOURCE, key=key, subject=request_id)
     # Work is routed by the weights it runs on: an alias goes where its target's workers are.
-    with quotas.admitted(ctx, tenant, quotas.cost_of(payload) if admit else None, dedup):
-        appended = ctx.emit(event, topics.topic(tenant, stream, ctx.models.canonical(base_model)), dedup)
-    if appended.duplicate_of is not None:
-        request_id = appended.duplicate_of
-        if sample_sequence_ids is not None:
-            sample_sequence_ids = [f"{request_id}:{i}" for i in range(len(sample_sequence_ids))]
-    return UntypedAPIFuture(request_id=request_id, model_id=model_id, sample_sequence_ids=sample_sequence_ids)
+    topic = topics.topic(tenant, stream, ctx.models.canonical(base_model))
+    cost = quotas.cost_of(payload) if admit else None
+
+    def future(appended: Appended) -> UntypedAPIFuture:
+        first, sequence_ids = request_id, sample_sequence_ids
+        if appended.duplicate_of is not None:
+            first = appended.duplicate_of
+            if sequence_ids is not None:
+                sequence_ids = [f"{first}:{i}" for i in range(len(sequence_ids))]
+        return UntypedAPIFuture(request_id=first, model_id=model_id, sample_sequence_ids=sequence_ids)
+
+    loop = getattr(_deferring, "loop", None)
+    if loop is not None and not quotas.limited(ctx, tenant, cost):
+        return Later(ctx.appender.append_later(event, topic, dedup, loop), future)  # type: ignore[arg-type]
+    with quotas.admitted(ctx, tenant, cost, dedup):
+        appended = ctx.emit(event, topic, dedup)
+    return future(appended)
 
 
 def refuse(

@@ -84,3 +84,28 @@ def test_an_event_the_log_refused_waits_in_the_outbox_and_a_retry_publishes_it(t
     assert not again.stored and again.duplicate_of == "r1"  # the first future, now published
     assert drain(reopened) == [b"s1"] and store.unpublished() == []
     reopened.close()
+
+
+def test_the_relay_does_not_republish_a_batch_that_is_being_published(tmp_path):
+    """Between a batch's store commit and its publish its rows sit in the outbox; a relay
+    pass then must wait for the batch, not publish those rows a second time."""
+    store, log, appender = setup(tmp_path)
+    publish = appender.publisher.publish_many
+    relay_done = threading.Event()
+    relayed: list[int] = []
+
+    def relay():
+        relayed.append(appender.republish_outbox())
+        relay_done.set()
+
+    def publish_with_a_relay_pass_meanwhile(items):
+        assert [e.id for e, _t, _d in store.unpublished()] == [event.id for _topic, event, _dedup in items]  # committed, unpublished
+        threading.Thread(target=relay).start()
+        relay_done.wait(0.5)  # time enough for a relay that does not wait to publish its copy
+        return publish(items)
+
+    appender.publisher.publish_many = publish_with_a_relay_pass_meanwhile
+    appender.append(created("s1"), TOPIC)
+    assert relay_done.wait(5) and relayed == [0]  # it ran once the batch was done, and found nothing
+    assert drain(log) == [b"s1"] and store.unpublished() == []
+    log.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
@@ -71,3 +72,110 @@ def test_an_enqueued_item_goes_with_the_next_batch_or_a_flush():
     assert batches[-1] == ["offsets-2"]
     group.flush()  # nothing queued: nothing written
     assert len(batches) == 2
+
+
+# -- submit_later: the writer thread, settling asyncio futures --------------------------------
+
+
+def test_items_submitted_later_are_written_by_the_writer_thread_and_settle_on_their_loop():
+    """Items queued while a batch is written go together in the next one, from any thread,
+    with no thread of the caller's waiting; each future gets its own outcome on the loop."""
+    batches: list[list[int]] = []
+    writers: set[str] = set()
+    gate = threading.Event()
+
+    def write(items):
+        batches.append(list(items))
+        writers.add(threading.current_thread().name)
+        if items == [0]:
+            gate.wait(10)
+        return [ValueError(f"bad {i}") if i < 0 else i * 10 for i in items]
+
+    group = GroupCommit(write)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        first = group.submit_later(0, loop)
+        while not batches:
+            await asyncio.sleep(0.005)
+        # Queued from other threads (the gateway's), returning at once while batch [0] is held.
+        queued = [await asyncio.to_thread(group.submit_later, n, loop) for n in (1, 2, -3, 4)]
+        assert not any(future.done() for future in [first, *queued])
+        gate.set()
+        results = await asyncio.gather(first, *queued, return_exceptions=True)
+        return results
+
+    results = asyncio.run(main())
+    assert batches == [[0], [1, 2, -3, 4]]
+    assert writers == {"group-commit"}
+    assert results[:3] == [0, 10, 20] and results[4] == 40
+    assert isinstance(results[3], ValueError) and str(results[3]) == "bad -3"
+    group.close()
+
+
+def test_a_synchronous_submitter_and_later_items_share_a_batch_and_each_gets_its_outcome():
+    batches: list[list[str]] = []
+    gate = threading.Event()
+
+    def write(items):
+        batches.append(list(items))
+        if items == ["held"]:
+            gate.wait(10)
+        return [item.upper() for item in items]
+
+    group = GroupCommit(write)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        held = group.submit_later("held", loop)
+        while not batches:
+            await asyncio.sleep(0.005)
+        later = group.submit_later("later", loop)
+        in_thread = asyncio.get_running_loop().run_in_executor(None, group.submit, "sync")
+        while len(group._queue) < 2:
+            await asyncio.sleep(0.005)
+        gate.set()
+        return await held, await later, await in_thread
+
+    assert asyncio.run(main()) == ("HELD", "LATER", "SYNC")
+    assert batches[0] == ["held"] and sorted(batches[1]) == ["later", "sync"] and len(batches) == 2
+    group.close()
+
+
+def test_a_caller_that_gave_up_does_not_stop_the_others_and_close_writes_what_is_queued():
+    gate = threading.Event()
+    batches: list[list[int]] = []
+
+    def write(items):
+        batches.append(list(items))
+        if items == [0]:
+            gate.wait(10)
+        return list(items)
+
+    group = GroupCommit(write)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        first = group.submit_later(0, loop)
+        while not batches:
+            await asyncio.sleep(0.005)
+        abandoned = asyncio.ensure_future(group.submit_later(1, loop))
+        kept = group.submit_later(2, loop)
+        await asyncio.sleep(0.01)
+        abandoned.cancel()  # the client went away: its write still happens, nobody is told
+        gate.set()
+        return await asyncio.wait_for(first, 5), await asyncio.wait_for(kept, 5)
+
+    assert asyncio.run(main()) == (0, 2)
+    assert batches == [[0], [1, 2]]  # the given-up item shared the batch of one still awaited
+    # Queued for a loop that is now closed: written at close, its settling dropped quietly.
+    loop = asyncio.new_event_loop()
+    orphan = group.submit_later(3, loop)
+    loop.close()
+    group.close()
+    assert batches[-1] == [3]
+    assert not orphan.done()  # its loop is gone; nothing was set from the wrong thread
+    other = asyncio.new_event_loop()
+    with pytest.raises(RuntimeError, match="closed"):
+        group.submit_later(4, other)
+    other.close()

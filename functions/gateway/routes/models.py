@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Request
 from eventing.store.event_store import Dedup
 from functions.gateway.context import GatewayContext
 from functions.gateway.deps import get_ctx, get_tenant, read_body, require_run, require_session
-from functions.gateway.submit import submit, submit_sequenced, training_stream
+from functions.gateway.submit import submit, submit_sequenced, submitting, training_stream
 from openrl_core.errors import InvalidRequest, NotFound
 from openrl_core.events.lifecycle import BlobRef
 from openrl_core.finetune import FULL_FINETUNE_KEY, check_full_finetune_config, is_full_finetune
@@ -32,7 +32,7 @@ def _check_optimizer(config: dict | None) -> dict:
 @router.post("/create_model")
 async def create_model(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> UntypedAPIFuture:
     raw = await read_body(request, ctx.settings.max_request_bytes)
-    return await ctx.blocking(_create_model, ctx, tenant, raw)
+    return await submitting(ctx, _create_model, ctx, tenant, raw)
 
 
 def _create_model(ctx: GatewayContext, tenant: str, raw: bytes) -> UntypedAPIFuture:
@@ -94,7 +94,7 @@ def resolve_checkpoint(ctx: GatewayContext, tenant: str, path: str):
 @router.post("/load_weights")
 async def load_weights(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> UntypedAPIFuture:
     raw = await read_body(request, ctx.settings.max_request_bytes)
-    return await ctx.blocking(_load_weights, ctx, tenant, raw)
+    return await submitting(ctx, _load_weights, ctx, tenant, raw)
 
 
 def _load_weights(ctx: GatewayContext, tenant: str, raw: bytes) -> UntypedAPIFuture:

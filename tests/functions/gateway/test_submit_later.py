@@ -1,0 +1,136 @@
+"""Training submissions wait for their append on the event loop, not in a gateway thread
+(`functions.gateway.submit.submitting`): no thread is held while the appender's writer
+writes, the client still hears of its future only once the event is stored and on the log,
+and a tenant with quotas keeps the synchronous path that holds its admission lock."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+
+from eventing import topics
+from eventing.store import tables
+from eventing.store.event_store import Appended
+from functions.gateway.app import create_app
+from functions.runtime import Runtime
+from openrl_core.settings import Settings
+
+from tests.functions.gateway.test_fast_lane import ALICE, MODEL, count, model_of, post
+
+
+def rig_for(tmp_path, **settings):
+    runtime = Runtime(Settings(data_dir=tmp_path, models=[MODEL], api_keys=[f"alice={ALICE}"], gateway_threads=2, **settings))
+    ctx = runtime.gateway_context()
+    return runtime, ctx, create_app(ctx)
+
+
+@pytest.fixture
+def rig(tmp_path, tiny_files):
+    runtime, ctx, app = rig_for(tmp_path)
+    with TestClient(app) as client:
+        yield client, runtime, ctx
+    runtime.close()
+
+
+def gate_writes(ctx):
+    """Hold every append batch of the appender until the returned event is set; records batches."""
+    group = ctx.appender._group
+    write, gate, batches = group._write_batch, threading.Event(), []
+
+    def held(items):
+        batches.append([event.type for event, _topic, _dedup in items])
+        gate.wait(20)
+        return write(items)
+
+    group._write_batch = held
+    return gate, batches
+
+
+def test_more_submissions_than_gateway_threads_wait_on_one_write_together(rig):
+    """Two gateway threads, six concurrent optim_steps, the first write held: had each
+    request held its thread until its write, at most two would have reached the appender.
+    All six do, and the five behind the held one go in one batch."""
+    client, runtime, ctx = rig
+    model_id = model_of(client)
+    gate, batches = gate_writes(ctx)
+    steps = [{"model_id": model_id, "seq_id": seq, "adam_params": {"learning_rate": 1e-4}} for seq in range(1, 7)]
+    with ThreadPoolExecutor(6) as pool:
+        first = pool.submit(post, client, "/api/v1/optim_step", steps[0])
+        while not batches:
+            time.sleep(0.005)
+        rest = [pool.submit(post, client, "/api/v1/optim_step", step) for step in steps[1:]]
+        deadline = time.monotonic() + 10
+        while len(ctx.appender._group._queue) < 5 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert len(ctx.appender._group._queue) == 5  # queued while the first write is held
+        assert not first.done() and not any(answer.done() for answer in rest)  # none answered before its write
+        gate.set()
+        answers = [future.result(20) for future in [first, *rest]]
+    assert [answer.status_code for answer in answers] == [200] * 6
+    assert len({answer.json()["request_id"] for answer in answers}) == 6
+    assert len(batches) == 2 and len(batches[1]) == 5
+    assert count(runtime, "optim_step.requested") == 6
+
+
+def test_an_answered_future_is_stored_and_on_the_log(rig):
+    client, runtime, ctx = rig
+    model_id = model_of(client)
+    consumer = runtime.bus.consumer("test-reader", pattern=topics.pattern("training", [MODEL]))
+    request_id = post(client, "/api/v1/optim_step", {"model_id": model_id, "seq_id": 1}).json()["request_id"]
+    # Read at once after the answer: nothing of it may still be on its way.
+    assert ctx.projections.future("alice", request_id) is not None
+    seen = []
+    deadline = time.monotonic() + 5
+    while request_id not in seen and time.monotonic() < deadline:
+        for record in consumer.poll(max_records=100, timeout=0.2):
+            event = runtime.store.codec.decode(record.message)
+            seen.append(getattr(event.data, "request_id", None))
+    assert request_id in seen
+    with runtime.engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(tables.outbox)).scalar() == 0  # published, then cleared
+    consumer.close()
+
+
+def test_duplicates_and_conflicts_answer_through_the_loop_as_in_a_thread(rig):
+    client, runtime, ctx = rig
+    model_id = model_of(client)
+    step = {"model_id": model_id, "seq_id": 1, "adam_params": {"learning_rate": 1e-4}}
+    first = post(client, "/api/v1/optim_step", step)
+    again = post(client, "/api/v1/optim_step", step)
+    assert again.status_code == 200 and again.json() == first.json()  # the retry gets the first future
+    other = post(client, "/api/v1/optim_step", {**step, "adam_params": {"learning_rate": 0.5}})
+    assert other.status_code == 409 and "already submitted with a different body" in other.text  # the store's Conflict, raised on the loop
+    assert count(runtime, "optim_step.requested") == 1
+
+
+def test_a_tenant_with_quotas_is_admitted_and_appended_in_its_thread(tmp_path, tiny_files):
+    """The check and the append must run under the tenant's lock, which a thread holds: the
+    append is not handed to the loop, and the limit still holds."""
+    runtime, ctx, app = rig_for(tmp_path, quota_requests_in_flight=2)
+    later_calls: list[str] = []
+    appended_in: list[str] = []
+    append_later, append = ctx.appender.append_later, ctx.appender.append
+
+    def spy_later(*args):
+        later_calls.append("later")
+        return append_later(*args)
+
+    def spy_append(*args) -> Appended:
+        appended_in.append(threading.current_thread().name)
+        return append(*args)
+
+    ctx.appender.append_later, ctx.appender.append = spy_later, spy_append
+    with TestClient(app) as client:
+        model_id = model_of(client)  # create_model: one request in flight
+        answers = [post(client, "/api/v1/optim_step", {"model_id": model_id, "seq_id": seq}) for seq in (1, 2)]
+    runtime.close()
+    assert [answer.status_code for answer in answers] == [200, 429]
+    assert "requests_in_flight" in answers[1].text and answers[1].headers["retry-after"]
+    assert later_calls == []
+    # create_session appends from FastAPI's own pool; create_model and the admitted optim_step in ours
+    assert [name.split("_")[0] for name in appended_in[1:]] == ["gateway", "gateway"]
