@@ -53,7 +53,7 @@ def create_app(ctx: GatewayContext) -> FastAPI:
         app.include_router(module.router)
     app.include_router(unsupported.router)  # Tinker endpoints a self-hosted server refuses, with reasons
     openapi.install(app)  # /openapi.json: every route's real bodies and statuses
-    app.enable_fast_lane(ctx.settings.max_request_bytes)  # last: it reads the finished route table
+    app.enable_fast_lane()  # last: it reads the finished route table
     return app
 
 

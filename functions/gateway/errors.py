@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException
 from functions.gateway import refusals
 from functions.gateway import openai_wire
 from functions.gateway.openai_wire import error_body
+from functions.gateway.route_tree import leaf_routes
 from openrl_core.errors import NotFound, OpenRLError
 from openrl_core.quotas import QuotaExceeded
 
@@ -64,17 +65,11 @@ def allowed_methods(request: Request) -> list[str]:
     templated: set[str] = set()
     path = request.scope.get("path", "")
 
-    def walk(routes, prefix: str = "") -> None:
-        for route in routes:
-            branch = getattr(route, "original_router", None)  # newer FastAPI nests included routers
-            if branch is not None:
-                walk(branch.routes, prefix + getattr(getattr(route, "include_context", None), "prefix", ""))
-            elif path.startswith(prefix) and getattr(route, "path_regex", None) is not None:
-                if route.path_regex.match(path[len(prefix) :]):
-                    found = templated if "{" in route.path else literal
-                    found.update(getattr(route, "methods", None) or ())
-
-    walk(request.app.router.routes)
+    for prefix, route in leaf_routes(request.app.router.routes):
+        if path.startswith(prefix) and getattr(route, "path_regex", None) is not None:
+            if route.path_regex.match(path[len(prefix) :]):
+                found = templated if "{" in route.path else literal
+                found.update(getattr(route, "methods", None) or ())
     return sorted(literal or templated)
 
 

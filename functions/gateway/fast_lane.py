@@ -21,15 +21,15 @@ Every other request, any of these under a `root_path`, and all of them while Fas
 OpenTelemetry instrumentation is on (an operator who installed a tracer or meter provider
 gets the hot routes' spans and metrics too), go through FastAPI. The route table is read
 from the app once its routes are all in (`enable_fast_lane`, last in `create_app`); a
-route added later is FastAPI's. `tests/functions/gateway/test_fast_lane.py` sends the same requests
-through both paths and compares the answers byte for byte.
+route added later is FastAPI's. `tests/functions/gateway/test_fast_lane.py` sends the same
+requests through both paths and compares the answers byte for byte.
 """
 
 from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from fastapi import FastAPI
 from fastapi.datastructures import DefaultPlaceholder
@@ -40,22 +40,22 @@ from starlette.types import Receive, Scope, Send
 
 from functions.gateway import deps
 from functions.gateway.body_limit import BodyLimit
+from functions.gateway.route_tree import leaf_routes
 
 
 @dataclass(frozen=True)
 class LaneRoute:
     route: APIRoute
-    endpoint: Callable[..., Any]
-    request_arg: str
+    request_arg: str  # the endpoint's name for its Request
 
 
 def lane_routes(app: FastAPI) -> dict[str, LaneRoute]:
     """POST path -> route, for every route the lane can serve exactly as FastAPI does. A path
     that more than one route takes POST on is left to FastAPI, which decides between them."""
     posts: dict[str, list[APIRoute]] = {}
-    for path, route in _api_routes(app.routes):
-        if "POST" in route.methods:
-            posts.setdefault(path, []).append(route)
+    for prefix, route in leaf_routes(app.routes):
+        if isinstance(route, APIRoute) and "POST" in route.methods:
+            posts.setdefault(prefix + route.path, []).append(route)
     table: dict[str, LaneRoute] = {}
     for path, routes in posts.items():
         route = routes[0]
@@ -72,24 +72,11 @@ def lane_routes(app: FastAPI) -> dict[str, LaneRoute]:
             and dependant.background_tasks_param_name is None
             and dependant.response_param_name is None
             and inspect.iscoroutinefunction(route.endpoint)
-            and [d.call for d in dependant.dependencies] == [deps.get_ctx, deps.get_tenant]
-            and [d.name for d in dependant.dependencies] == ["ctx", "tenant"]
+            and [(d.call, d.name) for d in dependant.dependencies] == [(deps.get_ctx, "ctx"), (deps.get_tenant, "tenant")]
         )
         if plain:
-            table[path] = LaneRoute(route, route.endpoint, dependant.request_param_name)
+            table[path] = LaneRoute(route, dependant.request_param_name)
     return table
-
-
-def _api_routes(routes, prefix: str = "") -> list[tuple[str, APIRoute]]:
-    """(full path, route) of every API route, through included routers at any depth."""
-    found = []
-    for route in routes:
-        branch = getattr(route, "original_router", None)  # newer FastAPI nests included routers
-        if branch is not None:
-            found += _api_routes(branch.routes, prefix + getattr(getattr(route, "include_context", None), "prefix", ""))
-        elif isinstance(route, APIRoute):
-            found.append((prefix + route.path, route))
-    return found
 
 
 class GatewayApp(FastAPI):
@@ -98,9 +85,10 @@ class GatewayApp(FastAPI):
     _lane: Optional[dict[str, LaneRoute]] = None
     _limited: Optional[BodyLimit] = None
 
-    def enable_fast_lane(self, body_limit: int) -> None:
+    def enable_fast_lane(self) -> None:
+        """Take the lane's routes; its body limit is the server-wide one (`state.ctx`'s settings)."""
         self._lane = lane_routes(self)
-        self._limited = BodyLimit(self._serve_lane, limit=body_limit)
+        self._limited = BodyLimit(self._serve_lane, limit=self.state.ctx.settings.max_request_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         lane = self._lane
@@ -120,13 +108,13 @@ class GatewayApp(FastAPI):
         taken = self._lane[scope["path"]]
         scope["app"] = self
         scope["route"] = taken.route
-        scope["endpoint"] = taken.endpoint
+        scope["endpoint"] = taken.route.endpoint
         scope.setdefault("path_params", {})
         request = Request(scope, receive, send)
         try:
             ctx = self.state.ctx
             tenant = deps.tenant_of_request(request)
-            result = await taken.endpoint(**{taken.request_arg: request, "ctx": ctx, "tenant": tenant})
+            result = await taken.route.endpoint(**{taken.request_arg: request, "ctx": ctx, "tenant": tenant})
             if isinstance(result, Response):
                 response = result
             else:
