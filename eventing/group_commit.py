@@ -13,11 +13,12 @@ item alone raised (a caller gets its own outcome; one bad item does not fail its
 neighbours). An exception raised by `write_batch` itself is every item's outcome.
 
 A caller on an event loop need not hold a thread while it waits: `submit_later` queues the
-item for a writer thread of the group's own and answers an asyncio future, settled when the
-batch is written, with one wake-up of the loop per batch. Why: with one blocked thread per
-waiting request, each batch ended in a chain of lock hand-offs, one thread woken after
-another to find its item written; on 2 cores that switching was a quarter of the gateway's
-CPU (README, "where a no-op future's time goes").
+item for a writer thread of the group's own and answers an asyncio future, settled (one
+wake-up of the loop per batch) once the batch is written. Why: a write can be slow for a
+long time (a broker restarting keeps the log from acknowledging), and with a thread held per
+waiting request a gateway's whole pool filled with submissions, so that its store reads, every
+tenant's long-polls included, queued behind them. It did not make the no-op futures bench
+faster (README, "where a no-op future's time goes").
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 Why not Starlette's `run_in_threadpool`: its anyio hop cost about 70 us of CPU per call here,
 a plain executor's 30-60 us, and the Tinker routes make one or two per request. Concurrency
-is what the threads are for: requests that wait side by side on the store and the log are
-group-committed together (`eventing.appender`), one after another on the event loop they
-would each pay their own commit. How many: setting `gateway_threads`.
+is what the threads are for: store reads side by side, and the appends of routes that wait
+for them here, group-committed together (`eventing.appender`); the training routes hand
+their appends to the appender's writer instead (`functions.gateway.submit.submitting`).
+How many: setting `gateway_threads`.
 """
 
 from __future__ import annotations

@@ -11,10 +11,11 @@ retries it with the same seq_id, so it stores nothing and consumes nothing (see
 `submitting(ctx, fn, *args)` runs a route's blocking part in a gateway thread the way
 `ctx.blocking` does, except that a `submit` inside it does not wait there for the append:
 the thread queues the event with the appender's writer (`GroupCommit.submit_later`) and is
-free at once, and the route awaits the write on the event loop. The client still sees its
-future only once the event is stored and on the log. A tenant with quotas is the exception:
-its check and append must run under the tenant's lock, which a thread holds, so it waits
-in the thread as before.
+free at once, and the route awaits the write on the event loop. So submissions waiting on a
+slow log (a broker restarting) do not fill the gateway's threads and stall its reads. The
+client still sees its future only once the event is stored and on the log. A tenant with
+quotas is the exception: its check and append must run under the tenant's lock, which a
+thread holds, so it waits in the thread as before.
 """
 
 from __future__ import annotations

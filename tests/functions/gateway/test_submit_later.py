@@ -51,30 +51,39 @@ def gate_writes(ctx):
     return gate, batches
 
 
-def test_more_submissions_than_gateway_threads_wait_on_one_write_together(rig):
-    """Two gateway threads, six concurrent optim_steps, the first write held: had each
-    request held its thread until its write, at most two would have reached the appender.
-    All six do, and the five behind the held one go in one batch."""
-    client, runtime, ctx = rig
-    model_id = model_of(client)
-    gate, batches = gate_writes(ctx)
-    steps = [{"model_id": model_id, "seq_id": seq, "adam_params": {"learning_rate": 1e-4}} for seq in range(1, 7)]
-    with ThreadPoolExecutor(6) as pool:
-        first = pool.submit(post, client, "/api/v1/optim_step", steps[0])
-        while not batches:
-            time.sleep(0.005)
-        rest = [pool.submit(post, client, "/api/v1/optim_step", step) for step in steps[1:]]
-        deadline = time.monotonic() + 10
-        while len(ctx.appender._group._queue) < 5 and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert len(ctx.appender._group._queue) == 5  # queued while the first write is held
-        assert not first.done() and not any(answer.done() for answer in rest)  # none answered before its write
-        gate.set()
-        answers = [future.result(20) for future in [first, *rest]]
+def test_submissions_waiting_on_a_slow_write_hold_no_gateway_thread(tmp_path, tiny_files):
+    """Two gateway threads, six concurrent optim_steps, the log's write held (a broker slow to
+    acknowledge): had each request held its thread until its write, two would have taken
+    both threads and the rest, and every read behind them, would wait. All six reach the
+    appender, the five behind the held one go in one batch, and a long-poll's store read
+    still answers meanwhile."""
+    runtime, ctx, app = rig_for(tmp_path, long_poll_seconds=0.3)
+    with TestClient(app) as client:
+        model_id = model_of(client)
+        pending = post(client, "/api/v1/optim_step", {"model_id": model_id, "seq_id": 1}).json()["request_id"]
+        gate, batches = gate_writes(ctx)
+        steps = [{"model_id": model_id, "seq_id": seq, "adam_params": {"learning_rate": 1e-4}} for seq in range(2, 8)]
+        with ThreadPoolExecutor(7) as pool:
+            try:
+                first = pool.submit(post, client, "/api/v1/optim_step", steps[0])
+                while not batches:
+                    time.sleep(0.005)
+                rest = [pool.submit(post, client, "/api/v1/optim_step", step) for step in steps[1:]]
+                deadline = time.monotonic() + 10
+                while len(ctx.appender._group._queue) < 5 and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                assert len(ctx.appender._group._queue) == 5  # queued while the first write is held
+                assert not first.done() and not any(answer.done() for answer in rest)  # none answered before its write
+                poll = pool.submit(post, client, "/api/v1/retrieve_future", {"request_id": pending}).result(10)
+                assert poll.status_code == 408  # read in a gateway thread, held the 0.3 s window, answered
+            finally:
+                gate.set()
+            answers = [future.result(20) for future in [first, *rest]]
+    runtime.close()
     assert [answer.status_code for answer in answers] == [200] * 6
     assert len({answer.json()["request_id"] for answer in answers}) == 6
     assert len(batches) == 2 and len(batches[1]) == 5
-    assert count(runtime, "optim_step.requested") == 6
+    assert count(runtime, "optim_step.requested") == 7
 
 
 def test_an_answered_future_is_stored_and_on_the_log(rig):
