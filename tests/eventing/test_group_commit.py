@@ -77,33 +77,48 @@ def test_an_enqueued_item_goes_with_the_next_batch_or_a_flush():
 # -- submit_later: the writer thread, settling asyncio futures --------------------------------
 
 
-def test_items_submitted_later_are_written_by_the_writer_thread_and_settle_on_their_loop():
-    """Items queued while a batch is written go together in the next one, from any thread,
-    with no thread of the caller's waiting; each future gets its own outcome on the loop."""
+def holding_first(answer):
+    """A group whose batch [0] is held until `gate` is set; `batches` records every batch;
+    `answer(items)` gives the outcomes."""
     batches: list[list[int]] = []
-    writers: set[str] = set()
     gate = threading.Event()
 
     def write(items):
         batches.append(list(items))
-        writers.add(threading.current_thread().name)
         if items == [0]:
             gate.wait(10)
+        return answer(items)
+
+    return GroupCommit(write), batches, gate
+
+
+async def submit_held_first(group: GroupCommit, batches: list) -> asyncio.Future:
+    """Submit item 0 and return once the writer thread holds it."""
+    first = group.submit_later(0, asyncio.get_running_loop())
+    while not batches:
+        await asyncio.sleep(0.005)
+    return first
+
+
+def test_items_submitted_later_are_written_by_the_writer_thread_and_settle_on_their_loop():
+    """Items queued while a batch is written go together in the next one, from any thread,
+    with no thread of the caller's waiting; each future gets its own outcome on the loop."""
+    writers: set[str] = set()
+
+    def answer(items):
+        writers.add(threading.current_thread().name)
         return [ValueError(f"bad {i}") if i < 0 else i * 10 for i in items]
 
-    group = GroupCommit(write)
+    group, batches, gate = holding_first(answer)
 
     async def main():
         loop = asyncio.get_running_loop()
-        first = group.submit_later(0, loop)
-        while not batches:
-            await asyncio.sleep(0.005)
+        first = await submit_held_first(group, batches)
         # Queued from other threads (the gateway's), returning at once while batch [0] is held.
         queued = [await asyncio.to_thread(group.submit_later, n, loop) for n in (1, 2, -3, 4)]
         assert not any(future.done() for future in [first, *queued])
         gate.set()
-        results = await asyncio.gather(first, *queued, return_exceptions=True)
-        return results
+        return await asyncio.gather(first, *queued, return_exceptions=True)
 
     results = asyncio.run(main())
     assert batches == [[0], [1, 2, -3, 4]]
@@ -143,22 +158,11 @@ def test_a_synchronous_submitter_and_later_items_share_a_batch_and_each_gets_its
 
 
 def test_a_caller_that_gave_up_does_not_stop_the_others_and_close_writes_what_is_queued():
-    gate = threading.Event()
-    batches: list[list[int]] = []
-
-    def write(items):
-        batches.append(list(items))
-        if items == [0]:
-            gate.wait(10)
-        return list(items)
-
-    group = GroupCommit(write)
+    group, batches, gate = holding_first(list)
 
     async def main():
         loop = asyncio.get_running_loop()
-        first = group.submit_later(0, loop)
-        while not batches:
-            await asyncio.sleep(0.005)
+        first = await submit_held_first(group, batches)
         abandoned = asyncio.ensure_future(group.submit_later(1, loop))
         kept = group.submit_later(2, loop)
         await asyncio.sleep(0.01)
