@@ -61,11 +61,16 @@ async def submitting(ctx: GatewayContext, fn: Callable[..., Union[T, Later[T]]],
 
 
 def _run_deferring(loop: asyncio.AbstractEventLoop, fn: Callable, args: tuple):
-    _deferring.loop = loop
+    _deferring.loop, _deferring.made = loop, None
     try:
-        return fn(*args)
+        done = fn(*args)
+        # A Later is the route's answer or nothing: whatever `fn` did after a deferred submit
+        # would have run before its event was stored, and a second submit's would be lost.
+        if _deferring.made is not None and done is not _deferring.made:
+            raise RuntimeError(f"{getattr(fn, '__name__', fn)}: a deferred submit's Later must be what it returns")
+        return done
     finally:
-        _deferring.loop = None
+        _deferring.loop = _deferring.made = None
 
 
 def seq_dedup(model_id: str, seq_id: int, body: bytes) -> Dedup:
@@ -136,7 +141,10 @@ def submit(
 
     loop = getattr(_deferring, "loop", None)
     if loop is not None and not quotas.limited(ctx, tenant, cost):
-        return Later(ctx.appender.append_later(event, topic, dedup, loop), future)  # type: ignore[arg-type]
+        if getattr(_deferring, "made", None) is not None:
+            raise RuntimeError("one deferred submit per `submitting` call: its Later is the route's answer")
+        _deferring.made = Later(ctx.appender.append_later(event, topic, dedup, loop), future)  # type: ignore[arg-type]
+        return _deferring.made
     with quotas.admitted(ctx, tenant, cost, dedup):
         appended = ctx.emit(event, topic, dedup)
     return future(appended)

@@ -5,6 +5,8 @@ and a tenant with quotas keeps the synchronous path that holds its admission loc
 
 from __future__ import annotations
 
+import asyncio
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +19,8 @@ from eventing import topics
 from eventing.store import tables
 from eventing.store.event_store import Appended
 from functions.gateway.app import create_app
+from functions.gateway.routes.training import _optim_step
+from functions.gateway.submit import submitting
 from functions.runtime import Runtime
 from openrl_core.settings import Settings
 
@@ -143,3 +147,28 @@ def test_a_tenant_with_quotas_is_admitted_and_appended_in_its_thread(tmp_path, t
     assert later_calls == []
     # create_session appends from FastAPI's own pool; create_model and the admitted optim_step in ours
     assert [name.split("_")[0] for name in appended_in[1:]] == ["gateway", "gateway"]
+
+
+def test_a_route_that_does_more_after_a_deferred_submit_is_a_loud_error(rig):
+    """Work after a deferred submit would run before its event is stored: `submitting`
+    refuses a function whose answer is not its Later, and a second deferred submit."""
+    client, _runtime, ctx = rig
+    model_id = model_of(client)
+
+    def step(seq: int) -> bytes:
+        return json.dumps({"model_id": model_id, "seq_id": seq}).encode()
+
+    def answers_something_else():
+        _optim_step(ctx, "alice", step(1))
+        return None
+
+    def submits_twice():
+        _optim_step(ctx, "alice", step(2))
+        return _optim_step(ctx, "alice", step(3))
+
+    with pytest.raises(RuntimeError, match="must be what it returns"):
+        asyncio.run(submitting(ctx, answers_something_else))
+    with pytest.raises(RuntimeError, match="one deferred submit"):
+        asyncio.run(submitting(ctx, submits_twice))
+    answered = asyncio.run(submitting(ctx, _optim_step, ctx, "alice", step(4)))
+    assert answered.request_id  # and the thread's state was reset between calls
