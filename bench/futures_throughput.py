@@ -19,7 +19,9 @@ submit `optim_step`, long-poll `retrieve_future` until it answers. Per configura
 client alone first (latency without queueing), then `--clients` at once until
 `--requests` futures or the time cap (throughput, and latency under load). CPU time per
 future is read from /proc for the client, the server and the broker (on 2 cores it bounds
-throughput), and PostgreSQL connections opened under load from pg_stat_database.
+throughput), and PostgreSQL connections opened under load from pg_stat_database. With
+`--per-thread` the server's share is split by thread (event loop, gateway pool, writer,
+projector, worker), with each one's context switches, from /proc/PID/task.
 
 Only the configuration being measured is up: an idle kafka-python consumer spins on
 noida-db (it answers an empty fetch at once instead of waiting), so an idle neighbour
@@ -122,13 +124,25 @@ def serve(args: argparse.Namespace) -> None:
         options["database_url"] = args.database_url
     node = Node(Settings(**options), roles=("gateway", "projector"), base_models=[MODEL])
     stop = threading.Event()
-    worker = threading.Thread(target=NoopWorker(node.runtime.bus, node.runtime.publisher).run, args=(stop,), daemon=True)
+    worker = threading.Thread(
+        target=NoopWorker(node.runtime.bus, node.runtime.publisher).run, args=(stop,), name="noop-worker", daemon=True
+    )
     worker.start()
+    threading.Thread(target=name_threads, args=(args.data_dir / "threads.json", stop), name="thread-names", daemon=True).start()
     try:
         node.serve_forever()  # until SIGTERM; then stops the projector and closes the log
     finally:
         stop.set()
         worker.join(timeout=5)
+
+
+def name_threads(path: Path, stop: threading.Event) -> None:
+    """Keep `path` holding {native thread id: Python thread name}: the kernel's per-thread
+    counters (/proc/PID/task) know threads only by id (Python does not name them there)."""
+    while not stop.wait(0.5):
+        names = {str(thread.native_id): thread.name for thread in threading.enumerate()}
+        path.with_suffix(".tmp").write_text(json.dumps(names))
+        path.with_suffix(".tmp").replace(path)
 
 
 # -- the parent: brokers, databases, servers, clients ---------------------------------------
@@ -141,6 +155,27 @@ def cpu_seconds(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def thread_counters(pid: int) -> dict[str, tuple[float, int]]:
+    """Per thread id: (CPU seconds, context switches, voluntary and not) from /proc."""
+    counters = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            status = (task / "status").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        switches = sum(int(line.split()[1]) for line in status.splitlines() if "ctxt_switches:" in line)
+        counters[task.name] = ((int(fields[11]) + int(fields[12])) / CLK_TCK, switches)
+    return counters
+
+
+def thread_role(name: str) -> str:
+    """One row per role: the gateway's pool threads (gateway_0, gateway_1, ...) together."""
+    if name.startswith("gateway_"):
+        return "gateway pool"
+    return {"MainThread": "event loop"}.get(name, name)
 
 
 def pg_query(statement: str, database: str) -> list:
@@ -188,6 +223,8 @@ class Config:
     rates: list[float] = field(default_factory=list)
     cpu: dict[str, float] = field(default_factory=dict)
     connections: int = 0  # PostgreSQL connections opened under load
+    threads: dict[str, list[float]] = field(default_factory=dict)  # role -> [CPU s, switches] under load (--per-thread)
+    data_dir: Optional[Path] = None
     skipped: Optional[str] = None
 
 
@@ -220,7 +257,8 @@ def start(config: Config, root: Path) -> None:
     port = free_port()
     config.url = f"http://127.0.0.1:{port}"
     config.models, config.next_seq = [], {}
-    command = [sys.executable, __file__, "--serve", "--port", str(port), "--data-dir", str(workdir / "data"), "--bus", config.bus]
+    config.data_dir = workdir / "data"
+    command = [sys.executable, __file__, "--serve", "--port", str(port), "--data-dir", str(config.data_dir), "--bus", config.bus]
     if not config.fsync:
         command.append("--no-fsync")
     if config.broker:
@@ -396,9 +434,17 @@ def run_pass(config: Config, root: Path, args: argparse.Namespace, share: float)
         before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         if config.database is not None:
             opened = sessions_opened(config.database)
+        threads_before = thread_counters(config.process.pid)
         client_before = time.process_time()
         latencies, seconds = asyncio.run(optim_steps(config, loaders, int(args.requests * share), args.time_cap * share))
         used = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
+        if args.per_thread:
+            names = json.loads((config.data_dir / "threads.json").read_text())
+            for tid, (cpu, switches) in thread_counters(config.process.pid).items():
+                was = threads_before.get(tid, (0.0, 0))
+                role = config.threads.setdefault(thread_role(names.get(tid, f"thread {tid}")), [0.0, 0])
+                role[0] += cpu - was[0]
+                role[1] += switches - was[1]
         used["client"] = time.process_time() - client_before
         if config.database is not None:
             time.sleep(1.0)  # PostgreSQL publishes session counts within a second
@@ -435,6 +481,13 @@ def report(configs: list[Config], args: argparse.Namespace, load_before: float) 
         if c.postgres:
             detail += f"; {c.connections / c.futures:.2f} new PostgreSQL connections per future"
         print(f"{'':36}{detail}")
+        if c.threads:
+            # The bench's own thread-naming thread is left out; so are threads idle under load.
+            rows = [(role, cpu, switches) for role, (cpu, switches) in c.threads.items() if role != "thread-names"]
+            busy = sorted((row for row in rows if row[1] > 0), key=lambda row: -row[1])
+            split = ", ".join(f"{role} {1000 * cpu / c.futures:.2f}/{switches / c.futures:.0f}" for role, cpu, switches in busy)
+            total = sum(switches for _role, _cpu, switches in busy) / c.futures
+            print(f"{'':36}per thread, ms CPU/context switches per future: {split}; {total:.0f} switches in all")
     for c in configs:
         if c.skipped:
             print(f"{c.name:34} skipped: {c.skipped}")
@@ -451,6 +504,10 @@ def main() -> None:
     parser.add_argument("--solo", type=int, default=100, help="futures of the lone client per configuration")
     parser.add_argument("--time-cap", type=float, default=80, help="seconds of load per configuration (both passes)")
     parser.add_argument("--client", choices=sorted(CLIENTS), default="raw", help="load generator's HTTP client (see RawClient)")
+    parser.add_argument(
+        "--per-thread", action="store_true",
+        help="also split the server's CPU and context switches under load by thread (/proc/PID/task), the pool together",
+    )  # fmt: skip
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--data-dir", type=Path, help=argparse.SUPPRESS)
