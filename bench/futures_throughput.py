@@ -148,13 +148,18 @@ def name_threads(path: Path, stop: threading.Event) -> None:
 # -- the parent: brokers, databases, servers, clients ---------------------------------------
 
 
+def stat_cpu(stat: str) -> float:
+    """User + system CPU seconds from a /proc stat line (a process's or one thread's)."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process (every thread), from /proc; 0.0 once it has exited."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return stat_cpu(Path(f"/proc/{pid}/stat").read_text())
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def thread_counters(pid: int) -> dict[str, tuple[float, int]]:
@@ -162,12 +167,11 @@ def thread_counters(pid: int) -> dict[str, tuple[float, int]]:
     counters = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            status = (task / "status").read_text()
+            stat, status = (task / "stat").read_text(), (task / "status").read_text()
         except OSError:  # the thread ended meanwhile
             continue
         switches = sum(int(line.split()[1]) for line in status.splitlines() if "ctxt_switches:" in line)
-        counters[task.name] = ((int(fields[11]) + int(fields[12])) / CLK_TCK, switches)
+        counters[task.name] = (stat_cpu(stat), switches)
     return counters
 
 

@@ -69,10 +69,7 @@ class GroupCommit(Generic[Item, Result]):
                 if all(slot.done for slot in slots):
                     break
                 with self._queue_lock:
-                    if self._max_batch and len(self._queue) > self._max_batch:
-                        batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
-                    else:
-                        batch, self._queue = self._queue, []
+                    batch = self._take()
                 self._write(batch)
         for slot in slots:
             if isinstance(slot.outcome, BaseException):
@@ -132,10 +129,7 @@ class GroupCommit(Generic[Item, Result]):
             while True:
                 with self._write_lock:
                     with self._queue_lock:
-                        if self._max_batch and len(self._queue) > self._max_batch:
-                            batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
-                        else:
-                            batch, self._queue = self._queue, []
+                        batch = self._take()
                     if batch:
                         self._write(batch)
                 if not batch:
@@ -143,6 +137,14 @@ class GroupCommit(Generic[Item, Result]):
             with self._queue_lock:
                 if self._closed and not self._queue:
                     return
+
+    def _take(self) -> list[_Slot]:
+        """The next batch off the queue (at most `max_batch`); the caller holds the queue lock."""
+        if self._max_batch and len(self._queue) > self._max_batch:
+            batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
+        else:
+            batch, self._queue = self._queue, []
+        return batch
 
     def _write(self, batch: list[_Slot]) -> None:
         try:
@@ -167,7 +169,7 @@ def _settle(slots: list[_Slot]) -> None:
     """On the loop: hand each awaited outcome over (a caller that gave up is skipped)."""
     for slot in slots:
         future = slot.future
-        if future is None or future.done():
+        if future.done():
             continue
         if isinstance(slot.outcome, BaseException):
             future.set_exception(slot.outcome)

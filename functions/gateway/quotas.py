@@ -81,10 +81,10 @@ def limited(ctx, tenant: str, cost: Optional[Cost]) -> bool:
 def admitted(ctx, tenant: str, cost: Optional[Cost], dedup: Optional[Dedup] = None) -> Iterator[None]:
     """Run the body (the append) only if `cost` fits the tenant's limits now; raise
     QuotaExceeded (429) or InvalidRequest (never fits) otherwise."""
-    limits, overridden = ctx.settings.quotas(tenant)
-    if cost is None or not limits.any or (dedup is not None and ctx.store.submitted(tenant, dedup)):
+    if not limited(ctx, tenant, cost) or (dedup is not None and ctx.store.submitted(tenant, dedup)):
         yield  # no limits, or a retry of a stored submission: it gets its first answer back
         return
+    limits, overridden = ctx.settings.quotas(tenant)
     with ctx.admission.lock(tenant):
         now = datetime.now(timezone.utc)
         usage = tenant_usage(ctx.store.engine, tenant, limits, now)
