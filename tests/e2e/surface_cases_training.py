@@ -11,6 +11,7 @@ import tinker
 from tinker import types
 
 from tests.e2e.surface_rig import MODEL, NOTE, case, same_logprobs, train_one_step
+from tests.e2e.sdk_close import close_service
 
 S, T = "ServiceClient.", "TrainingClient."
 CONSOLE = "returns a URL of Thinking Machines' hosted console, which knows nothing of a self-hosted server (no request)"
@@ -136,7 +137,7 @@ def _service_telemetry(w, call):
         session_id = service.holder.get_session_id()
         telemetry = call(service, "get_telemetry")
         assert telemetry is not None and telemetry.log("openrl-compat", {"case": "get_telemetry"})
-        service.close("success").result()
+        close_service(service)
     assert any(session_id in (data or "") for _subject, data in w.events("telemetry"))
 
 

@@ -23,6 +23,7 @@ from tinker import types
 from functions import cli
 from functions.local_server import REPO, LocalServer
 from openrl_core.events.training import RUN_CANCELLED
+from tests.e2e.sdk_close import close_service
 
 pytestmark = pytest.mark.e2e
 
@@ -237,7 +238,7 @@ def test_cancel_fails_queued_work_refuses_later_calls_keeps_checkpoints_and_repl
     assert f"{training.model_id} was cancelled; dropped its state" in server.log_tail()
 
     for client in (runs["alice"], runs["bob"]):  # no more heartbeats: the store stands still
-        client.close("success").result()
+        close_service(client)
     time.sleep(1.0)
     replayed = subprocess.run(
         [sys.executable, "-m", "functions.cli", "replay", "--data-dir", str(server.data_dir)],

@@ -26,6 +26,7 @@ from eventing.store import tables
 from functions import cli
 from functions.local_server import REPO, LocalServer
 from openrl_core.events.training import FORK
+from tests.e2e.sdk_close import close_service
 
 pytestmark = pytest.mark.e2e
 
@@ -236,7 +237,7 @@ def test_forks_are_events_that_replay_rebuilds(server, alice, parent, capsys):
         keys = [row.key for row in conn.execute(text("SELECT key FROM events WHERE type = :t"), {"t": FORK["requested"]})]
     engine.dispose()
     assert len(keys) >= 8 and len(set(keys)) == len(keys)  # one event per fork, the retried one included once
-    alice.close("success").result()  # no more heartbeats: the store stands still
+    close_service(alice)  # no more heartbeats: the store stands still
     env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
     replayed = subprocess.run(
         [sys.executable, "-m", "functions.cli", "replay", "--data-dir", str(server.data_dir)],

@@ -25,6 +25,7 @@ from tinker.proto.response_conv import deserialize_proto_response
 from tinker.resources.training import AsyncTrainingResource
 
 from tests.e2e.conftest import API_KEY
+from tests.e2e.sdk_close import close_service
 
 pytestmark = pytest.mark.e2e
 MODEL = "openrl/tiny-qwen3"
@@ -106,4 +107,4 @@ def test_sdk_chunks_train_exactly_like_one_request(sdk_env, monkeypatch):
     untrained = before_probe.forward_backward(probe, forward_only=True)
     moved = any(not np.array_equal(a["logprobs"].to_numpy(), u["logprobs"].to_numpy()) for a, u in zip(after_sdk.loss_fn_outputs, untrained.loss_fn_outputs))
     assert moved  # the step did change the weights, so the equality above means something
-    service.close("success").result()
+    close_service(service)

@@ -22,6 +22,7 @@ from tinker.lib import api_future_impl
 
 from functions.local_server import LocalServer
 from tests.e2e.conftest import API_KEY
+from tests.e2e.sdk_close import close_service
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -82,4 +83,4 @@ def test_tinker_0_38_takes_408_and_complete_metadata_in_its_stride(quirky_server
     response = sampler.sample(types.ModelInput.from_ints(tokens[:5]), 2, types.SamplingParams(max_tokens=6, seed=3, stop=[])).result()
     assert [len(s.tokens) for s in response.sequences] == [6, 6]
     assert seen["408"] > 0 and seen["metadata"] > 0, seen
-    service.close("success").result()
+    close_service(service)

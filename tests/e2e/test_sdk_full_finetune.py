@@ -18,6 +18,7 @@ from tests.e2e.test_sdk_losses import DEFAULTS, reference_loss, rl_batch
 from tests.e2e.test_sdk_rest import download
 from tests.functions.trainer.conftest import sft_batch
 from tests.functions.trainer.test_full import STEPS, reference_steps
+from tests.e2e.sdk_close import close_service
 
 pytestmark = pytest.mark.e2e
 
@@ -75,7 +76,7 @@ def test_a_full_run_is_asked_for_with_metadata_and_reported_as_full(sdk_env):
         training.load_state(lora_state).result()
     with pytest.raises(tinker.BadRequestError, match="holds a full fine-tuning run's weights"):
         lora.load_state(state).result()
-    service.close("success").result()
+    close_service(service)
 
 
 def test_sdk_steps_are_bitwise_plain_torch_and_the_export_loads_in_transformers(sdk_env, tiny_files, tmp_path):
@@ -100,7 +101,7 @@ def test_sdk_steps_are_bitwise_plain_torch_and_the_export_loads_in_transformers(
     mismatched = {k: int((p.detach() != named[k].detach()).sum()) for k, p in loaded.named_parameters()}
     assert sum(mismatched.values()) == 0, {k: v for k, v in mismatched.items() if v}
     assert losses == pytest.approx(expected_losses, rel=1e-6)
-    service.close("success").result()
+    close_service(service)
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +117,7 @@ def full_rig(server):
              for p, c in sequences]  # fmt: skip
     current = [out["logprobs"].to_numpy().astype(np.float64) for out in training.forward(probe, "cross_entropy").result().loss_fn_outputs]
     yield training, sequences, current
-    service.close("success").result()
+    close_service(service)
 
 
 @pytest.mark.parametrize("loss_fn", ["importance_sampling", "ppo", "cispo", "dro", "gspo"])
@@ -172,7 +173,7 @@ def test_state_checkpoints_resume_bitwise_with_and_without_the_optimizer(sdk_env
         fresh_moments.optim_step(step).result()
     other = [o["logprobs"].to_numpy() for o in fresh_moments.forward(probe, "cross_entropy").result().loss_fn_outputs]
     assert not all(np.array_equal(a, b) for a, b in zip(other, expected)), "without the optimizer the moments restart"
-    service.close("success").result()
+    close_service(service)
 
 
 def test_sampling_serves_the_published_bf16_weights_synced_by_deltas(sdk_env, tiny_files):
@@ -210,7 +211,7 @@ def test_sampling_serves_the_published_bf16_weights_synced_by_deltas(sdk_env, ti
     published = [row for row in events(sdk_env, "save_weights_for_sampler.completed")]
     kinds = [json.loads(row.data)["details"]["publication"]["kind"] for row in published[-4:]]
     assert kinds[0] == "full" and "delta" in kinds[1:], kinds
-    service.close("success").result()
+    close_service(service)
 
 
 def _final_weights(training):

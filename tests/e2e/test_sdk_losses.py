@@ -20,6 +20,7 @@ import torch
 from tinker import types
 
 from tests.e2e.conftest import API_KEY
+from tests.e2e.sdk_close import close_service
 
 pytestmark = pytest.mark.e2e
 
@@ -53,7 +54,7 @@ def rig(server):
     ]
     current = [out["logprobs"].to_numpy().astype(np.float64) for out in training.forward(probe, "cross_entropy").result().loss_fn_outputs]
     yield training, sequences, current
-    service.close("success").result()
+    close_service(service)
 
 
 def rl_batch(sequences, current, with_mask: bool) -> tuple[list[types.Datum], list[dict[str, np.ndarray]]]:
@@ -220,4 +221,4 @@ def test_forward_backward_custom_takes_the_cross_entropy_step(sdk_env):
     for a, b, before in zip(after[0], after[1], logprobs):
         np.testing.assert_allclose(a, b, atol=1e-6)
         assert not np.allclose(a, before.numpy(), atol=1e-4)  # the step did move the weights
-    service.close("success").result()
+    close_service(service)

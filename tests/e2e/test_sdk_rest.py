@@ -14,6 +14,7 @@ import tinker
 from tinker import types
 
 from tests.e2e.conftest import OTHER_KEY
+from tests.e2e.sdk_close import close_service
 
 pytestmark = pytest.mark.e2e
 MODEL = "openrl/tiny-qwen3"
@@ -148,7 +149,7 @@ def test_rest_client_over_runs_checkpoints_and_sessions(sdk_env, tiny_files, tmp
         urllib.request.urlopen(links.urls["adapter_model.safetensors"], timeout=60)
     assert gone.value.code == 410
 
-    service.close("success").result()
+    close_service(service)
 
 
 def test_openrl_serve_reaps_expired_checkpoints(tmp_path, monkeypatch):
@@ -196,4 +197,4 @@ def test_openrl_serve_reaps_expired_checkpoints(tmp_path, monkeypatch):
         assert short_only - blobs()
         assert before <= blobs() and everything - short_only <= blobs()
         rest.get_weights_info_by_tinker_path(kept).result()
-        service.close("success").result()
+        close_service(service)

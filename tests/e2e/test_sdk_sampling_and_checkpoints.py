@@ -10,6 +10,7 @@ import tinker
 from tinker import types
 
 from tests.e2e.conftest import API_KEY, OTHER_KEY
+from tests.e2e.sdk_close import close_service
 
 pytestmark = pytest.mark.e2e
 MODEL = "openrl/tiny-qwen3"
@@ -55,7 +56,7 @@ def test_named_sampler_checkpoint_and_sampling_parameters(sdk_env):
     # the same adapter, reached through the training client's own sampling session
     ephemeral = training.save_weights_and_get_sampling_client().result()
     assert ephemeral.sample(prompt, 2, greedy).result().sequences[0].tokens == first.sequences[0].tokens
-    service.close("success").result()
+    close_service(service)
 
 
 def test_in_place_load_state_restores_the_weights(sdk_env):
@@ -70,7 +71,7 @@ def test_in_place_load_state_restores_the_weights(sdk_env):
     training.load_state(saved).result()
     back = training.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
     np.testing.assert_array_equal(back, reference)
-    service.close("success").result()
+    close_service(service)
 
 
 def test_another_tenant_cannot_touch_the_checkpoint(sdk_env, monkeypatch):
@@ -82,5 +83,5 @@ def test_another_tenant_cannot_touch_the_checkpoint(sdk_env, monkeypatch):
         bob.create_training_client_from_state(path).result()
     with pytest.raises(tinker.NotFoundError):
         bob.create_sampling_client(model_path=path).result()
-    alice.close("success").result()
-    bob.close("success").result()
+    close_service(alice)
+    close_service(bob)

@@ -18,6 +18,7 @@ from tinker.lib import api_future_impl
 
 from functions.timeslicer.setup import socket_path
 from tests.e2e.conftest import API_KEY
+from tests.e2e.sdk_close import close_service
 
 pytestmark = pytest.mark.e2e
 MODEL = "openrl/tiny-qwen3"
@@ -66,7 +67,7 @@ def test_concurrent_samples_arrive_through_the_session_poller(sdk_env):
     assert sampler.sample(PROMPT, 1, types.SamplingParams(max_tokens=9, temperature=0.0, stop=[])).result().sequences[0].tokens == greedy
     logprobs = sampler.compute_logprobs(PROMPT).result()
     assert logprobs[0] is None and len(logprobs) == PROMPT.length
-    service.close("success").result()
+    close_service(service)
 
 
 def test_an_abandoned_sample_is_cancelled_before_it_runs(sdk_env, monkeypatch):
@@ -99,4 +100,4 @@ def test_an_abandoned_sample_is_cancelled_before_it_runs(sdk_env, monkeypatch):
         if answer.status_code != 408:
             break
     assert answer.json() == {"error": "cancelled by the client before it started", "category": "user"}
-    service.close("success").result()
+    close_service(service)

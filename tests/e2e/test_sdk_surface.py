@@ -25,6 +25,7 @@ import tinker
 from tests.e2e import surface_cases_sampling_rest, surface_cases_training  # noqa: F401  (they register the cases)
 from tests.e2e.conftest import API_KEY
 from tests.e2e.surface_rig import CASES, NOTE, OTHER, REFUSED, WORKS, World, make_call
+from tests.e2e.sdk_close import close_service
 
 pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore::FutureWarning")]  # deprecated methods are cases too
 
@@ -57,7 +58,7 @@ def world(server, hf_home):
         env.setenv("TINKER_TELEMETRY", "0")
         w = World(server, hf_home, API_KEY)
         yield w
-        w.service.close("success").result()
+        close_service(w.service)
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -22,6 +22,7 @@ from tinker import types
 from functions.local_server import LocalServer
 from functions.sampler.vllm_engine import DEFAULT_ENV
 from tests.e2e.conftest import API_KEY
+from tests.e2e.sdk_close import close_service
 
 # The venv the servers' engine will use: OPENRL_VLLM_ENV (which they inherit), else .venv-vllm.
 VLLM_ENV = Path(os.environ.get("OPENRL_VLLM_ENV") or DEFAULT_ENV)
@@ -74,7 +75,7 @@ def run_session(url: str, api_key: str = API_KEY) -> dict:
             "logprobs": pool.submit(lambda: tuned.compute_logprobs(prompt).result()),
         }
         out = {name: future.result() for name, future in futures.items()}
-    service.close("success").result()
+    close_service(service)
     return out
 
 
@@ -117,7 +118,7 @@ def full_session(url: str) -> list:
         training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
         sampler = training.save_weights_and_get_sampling_client().result()
         out.append(sampler.sample(prompt, 1, params).result().sequences[0])
-    service.close("success").result()
+    close_service(service)
     return out
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tinker
 from tinker import types
+from tests.e2e.sdk_close import close_service
 
 pytestmark = pytest.mark.e2e
 
@@ -115,4 +116,4 @@ def walkthrough(service: "tinker.ServiceClient") -> None:
     after = [total_loss(c.forward(batch, "cross_entropy").result()) for c in (training, restored)]
     assert after[0] == pytest.approx(after[1], rel=1e-5)
 
-    service.close("success").result()
+    close_service(service)

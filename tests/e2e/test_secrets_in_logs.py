@@ -27,6 +27,7 @@ from tinker import types
 from eventing.store import tables
 from functions.local_server import REPO, LocalServer
 from tests.e2e.cluster import Cluster
+from tests.e2e.sdk_close import close_service
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 MODEL = "openrl/tiny-qwen3"
@@ -96,7 +97,7 @@ def test_a_session_logs_no_secret(tmp_path, pg_url, monkeypatch, caplog):
         with pytest.raises(tinker.NotFoundError) as refused:
             tinker.RestClient(base_url=server.url, api_key=other_key).get_training_run(training.model_id).result()
         error_bodies.append(str(refused.value))
-        service.close("success").result()
+        close_service(service)
         error_bodies += operator_at_work(server.url, operator, training.model_id, export)
         cli = openrl_runs(server.url, operator, "list", "--json")
         assert cli.returncode == 0 and training.model_id in cli.stdout, cli.stderr

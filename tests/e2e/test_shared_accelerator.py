@@ -19,6 +19,7 @@ from functions.local_server import LocalServer
 from functions.timeslicer.cli import _ask
 from tests.e2e.test_sdk_full_finetune import datums
 from tests.functions.trainer.conftest import sft_batch
+from tests.e2e.sdk_close import close_service
 
 pytestmark = pytest.mark.e2e
 MODEL = "openrl/tiny-qwen3"
@@ -73,7 +74,7 @@ def test_runs_that_park_in_turn_train_bitwise_as_alone(server):
         service, training = start(server, key, full, seed)
         losses = [step(training, seed, i) for i in range(steps)]
         alone.append((losses, state_files(server, training.save_state(f"alone-{seed}").result().path)))
-        service.close("success").result()
+        close_service(service)
     before = device(server)
 
     clients = [start(server, key, full, seed) for key, full, seed in RUNS]
@@ -85,7 +86,7 @@ def test_runs_that_park_in_turn_train_bitwise_as_alone(server):
         files = state_files(server, training.save_state(f"together-{seed}").result().path)
         assert together[index] == alone[index][0], f"run {index}: losses differ"
         assert files == alone[index][1], f"run {index}: weights or optimizer differ"
-        service.close("success").result()
+        close_service(service)
 
     after = device(server)
     assert after["budget_bytes"] == 560 * 2**20
