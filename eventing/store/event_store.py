@@ -28,7 +28,7 @@ from eventing.store import projections
 from eventing.store import tables as t
 from eventing.store.finished import FinishedFutures
 from eventing.store.rebuilding import Rebuilder
-from eventing.store.unit_of_work import Rows, execute_many, utc
+from eventing.store.unit_of_work import Rows, driver_rows, execute_many, utc
 from openrl_core.errors import Conflict
 from openrl_core.events import Event
 from openrl_core.events.lifecycle import BlobRef
@@ -128,7 +128,7 @@ class EventStore:
             rows = Rows(conn)
         rows.conn = conn
         if known is None:
-            known = set(conn.execute(_KNOWN_IDS, {"b_ids": list({event.id for event, _t, _d in items})}).scalars())
+            known = _known_ids(conn, list({event.id for event, _t, _d in items}))
         self._prefetch(rows, items)
         outcomes: list = []
         event_rows, outbox_rows = [], []
@@ -340,6 +340,22 @@ def _packed_sql(dialect) -> str:
     columns = ", ".join(quote(name) for name in _PACKED_COLUMNS)
     position = quote("position")
     return f"SELECT {columns} FROM {quote('events')} WHERE {position} > {mark} ORDER BY {position} LIMIT {mark}"
+
+
+def _known_ids(conn, ids: list[str]) -> set[str]:
+    """The ids among `ids` that the events table holds, read in driver SQL (as the unit of
+    work reads: `unit_of_work._Reader` says why), in bounded IN lists."""
+    known: set[str] = set()
+    for start in range(0, len(ids), 500):
+        chunk = ids[start : start + 500]
+        known.update(row[0] for row in driver_rows(conn, _known_ids_sql(conn.dialect, len(chunk)), chunk))
+    return known
+
+
+@functools.lru_cache(maxsize=512)
+def _known_ids_sql(dialect, count: int) -> str:
+    quote, mark = dialect.identifier_preparer.quote, "?" if dialect.paramstyle == "qmark" else "%s"
+    return f"SELECT {quote('id')} FROM {quote('events')} WHERE {quote('id')} IN ({', '.join([mark] * count)})"
 
 
 def _text_time(value) -> Optional[datetime]:

@@ -16,7 +16,8 @@ from sqlalchemy import select
 from eventing.blobs import BlobStore
 from eventing.codec import Codec
 from eventing.replay import diff, rebuild, rebuild_from_events
-from eventing.store import database, tables
+from eventing.store import database, event_store, tables
+from eventing.store import unit_of_work as uow
 from eventing.store.event_store import Dedup, EventStore
 from eventing.store.unit_of_work import DeferredWrites
 from eventing.store.queries import Projections
@@ -46,7 +47,9 @@ def steps(store: EventStore, count: int) -> None:
             store.append(new_event(verb["completed"], done, tenant="alice", source="/t", key=model))
 
 
-def selects(engine) -> list[str]:
+def selects(engine, monkeypatch) -> list[str]:
+    """The SELECTs run on `engine`: through SQLAlchemy, and the unit of work's and the event
+    store's reads in driver SQL (`unit_of_work.driver_rows`), which SQLAlchemy's events do not see."""
     seen: list[str] = []
 
     @sa_event.listens_for(engine, "before_cursor_execute")
@@ -54,6 +57,13 @@ def selects(engine) -> list[str]:
         if statement.lstrip().upper().startswith("SELECT"):
             seen.append(statement)
 
+    def driver_rows(conn, sql, params, _read=uow.driver_rows):
+        if conn.engine is engine:
+            seen.append(sql)
+        return _read(conn, sql, params)
+
+    monkeypatch.setattr(uow, "driver_rows", driver_rows)
+    monkeypatch.setattr(event_store, "driver_rows", driver_rows)
     return seen
 
 
@@ -76,10 +86,10 @@ def live(store_url, tmp_path):
     return live_store, projections
 
 
-def test_a_rebuild_into_an_empty_store_reads_nothing_back_and_matches(live, tmp_path, target_url):
+def test_a_rebuild_into_an_empty_store_reads_nothing_back_and_matches(live, tmp_path, target_url, monkeypatch):
     live_store, projections = live
     target, rebuilt = fresh(tmp_path, "rebuilt.db", target_url)
-    seen = selects(target.engine)
+    seen = selects(target.engine, monkeypatch)
     count, _ = rebuild(live_store, target, batch=3)
     assert count == 30
     assert len(seen) == 1 and "count" in seen[0].lower()  # whether the target was empty, and nothing after
@@ -89,10 +99,10 @@ def test_a_rebuild_into_an_empty_store_reads_nothing_back_and_matches(live, tmp_
     assert gc.isenabled()  # and the collector, off during the batches, is on again
 
 
-def test_the_rows_kept_are_bounded_and_the_rest_reads_as_the_live_path(live, tmp_path, target_url):
+def test_the_rows_kept_are_bounded_and_the_rest_reads_as_the_live_path(live, tmp_path, target_url, monkeypatch):
     live_store, projections = live
     target, rebuilt = fresh(tmp_path, "rebuilt.db", target_url)
-    seen = selects(target.engine)
+    seen = selects(target.engine, monkeypatch)
     rebuilder = target.rebuilder()
     rebuilder.keep = 5
     chunk = [(event, dedup) for _, event, dedup in live_store.read_with_dedup(0, 100)]
