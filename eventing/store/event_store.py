@@ -348,7 +348,8 @@ def _known_ids(conn, ids: list[str]) -> set[str]:
     known: set[str] = set()
     for start in range(0, len(ids), 500):
         chunk = ids[start : start + 500]
-        known.update(row[0] for row in driver_rows(conn, _known_ids_sql(conn.dialect, len(chunk)), chunk))
+        rows, _description = driver_rows(conn, _known_ids_sql(conn.dialect, len(chunk)), chunk)
+        known.update(row[0] for row in rows)
     return known
 
 

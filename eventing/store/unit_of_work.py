@@ -94,11 +94,12 @@ class _Reader:
     def __init__(self, dialect, table: str) -> None:
         source = TABLES[table]
         prepare = dialect.identifier_preparer
+        self.dialect = dialect
+        self.types = [column.type.dialect_impl(dialect) for column in source.columns]
         self.columns = [column.name for column in source.columns]
-        self.processors = [
-            (i, process) for i, column in enumerate(source.columns)
-            if (process := column.type.dialect_impl(dialect).result_processor(dialect, None)) is not None
-        ]  # fmt: skip
+        # Made from the first result's description: a processor may depend on the type the
+        # driver reports (psycopg's float columns).
+        self.processors: Optional[list] = None
         self.head = f"SELECT {', '.join(prepare.quote(c) for c in self.columns)} FROM {prepare.format_table(source)} WHERE "
         self.mark = "?" if dialect.paramstyle == "qmark" else "%s"
         self.primary = [prepare.quote(c) for c in _PRIMARY[table]]
@@ -109,7 +110,7 @@ class _Reader:
         sql = self._sql.get(len(keys))
         if sql is None:
             sql = self._sql[len(keys)] = self.head + self._match(len(keys))
-        return self.rows(driver_rows(conn, sql, [value for key in keys for value in key]))
+        return self.rows(*driver_rows(conn, sql, [value for key in keys for value in key]))
 
     def _match(self, count: int) -> str:
         if len(self.primary) == 1:
@@ -118,14 +119,31 @@ class _Reader:
         listed = ", ".join([one] * count)
         return f"({', '.join(self.primary)}) IN ({'VALUES ' if self.values_list else ''}{listed})"
 
-    def rows(self, raw: list[tuple]) -> list[Row]:
+    def rows(self, raw: list[tuple], description) -> list[Row]:
+        """Rows of this table's columns, in its order, as the driver gave them with `description`."""
+        processors = self.processors
+        if processors is None:
+            codes = [column[1] for column in description]
+            processors = self.processors = [
+                (i, process) for i, (kind, code) in enumerate(zip(self.types, codes))
+                if (process := kind.result_processor(self.dialect, code)) is not None
+            ]  # fmt: skip
         found = []
         for values in raw:
             values = list(values)
-            for i, process in self.processors:
+            for i, process in processors:
                 values[i] = process(values[i])
             found.append(dict(zip(self.columns, values)))
         return found
+
+
+@functools.lru_cache(maxsize=256)
+def _driver_sql(dialect, statement):
+    """A select compiled once for `dialect`, to run in driver SQL: (its SQL, the order of its
+    positional parameters or None for named ones, the compiled form whose `construct_params`
+    adds the statement's own values, such as a LIMIT's, to the caller's)."""
+    compiled = statement.compile(dialect=dialect)
+    return compiled.string, list(compiled.positiontup) if compiled.positiontup is not None else None, compiled
 
 
 @functools.lru_cache(maxsize=64)
@@ -133,13 +151,14 @@ def _reader(dialect, table: str) -> _Reader:
     return _Reader(dialect, table)
 
 
-def driver_rows(conn: Connection, sql: str, params) -> list[tuple]:
-    """A read in driver SQL on `conn`'s transaction, its rows as the driver gives them (the
-    one place the unit of work's reads go past SQLAlchemy, so tests can watch them here)."""
+def driver_rows(conn: Connection, sql: str, params) -> tuple[list[tuple], Any]:
+    """A read in driver SQL on `conn`'s transaction: its rows as the driver gives them, and
+    the cursor's description (the one place the store's reads go past SQLAlchemy, so tests
+    can watch them here)."""
     cursor = conn.connection.dbapi_connection.cursor()
     try:
         cursor.execute(sql, params)
-        return cursor.fetchall()
+        return cursor.fetchall(), cursor.description
     finally:
         cursor.close()
 
@@ -406,7 +425,10 @@ class Rows:
             )  # fmt: skip
         if self.fresh:
             return
-        for row in self.conn.execute(query, {f"b_group_{i}": value for i, value in enumerate(pending)}):
+        sql, names, compiled = _driver_sql(self.conn.dialect, query)
+        params = compiled.construct_params({f"b_group_{i}": value for i, value in enumerate(pending)})
+        raw = driver_rows(self.conn, sql, tuple(params[name] for name in names) if names is not None else params)
+        for row in _reader(self.conn.dialect, table).rows(*raw):
             self._remember(table, row)
 
     def known(self) -> int:

@@ -74,3 +74,26 @@ def test_a_read_sees_its_transactions_own_writes(engine):
         conn.rollback()
     with engine.connect() as conn:
         assert uow._reader(conn.dialect, "futures").by_keys(conn, [("own-2",)]) == []
+
+
+def test_a_runs_latest_step_reads_as_cores_greatest(engine):
+    """`Rows.latest` over several runs at once (one UNION ALL in driver SQL) gives each run's
+    row with the greatest step, as Core's own ORDER BY ... LIMIT 1 per run does; a run
+    without steps has none."""
+    when = future_rows("")[0]["created_at"]
+    steps = [dict(model_id=f"m{m}", step=s, tenant="alice", tokens=s * 10, forward_backward=s % 4, loss=s * 0.5, metrics={"s": s}, first_request_at=when)
+             for m in range(3) for s in (3, 11, 7)[: m + 1]]  # fmt: skip
+    with engine.begin() as conn:
+        conn.execute(insert(t.run_steps), steps)
+    runs = ["m0", "m1", "m2", "m-none"]
+    with engine.connect() as conn:
+        rows = uow.Rows(conn)
+        rows.prefetch_latest("run_steps", "step", "model_id", runs)
+        for run in runs:
+            want = conn.execute(select(t.run_steps).where(t.run_steps.c.model_id == run).order_by(t.run_steps.c.step.desc()).limit(1)).first()
+            got = rows.latest("run_steps", "step", "model_id", run)
+            if want is None:
+                assert got is None
+            else:
+                assert got == {k: uow.utc(v) if k in uow._DATETIMES["run_steps"] else v for k, v in want._mapping.items()}
+        assert [rows.latest("run_steps", "step", "model_id", run)["step"] for run in runs[:3]] == [3, 11, 11]
