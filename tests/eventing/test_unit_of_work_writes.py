@@ -109,3 +109,18 @@ def test_a_batch_with_a_row_already_stored_raises_integrity_error_and_stores_not
     with engine.begin() as conn:
         uow.execute_many(conn, insert(t.futures), rows[:3] + rows[4:])
     assert sorted(stored(engine, t.futures, "request_id", "dup-")) == [str(i) for i in range(len(AWKWARD))]
+
+
+def test_one_row_already_stored_raises_integrity_error_as_sqlalchemys(engine):
+    """A single row goes to the driver without SQLAlchemy (`unit_of_work.driver_execute`,
+    not a COPY on PostgreSQL): its unique violation still comes out as SQLAlchemy's
+    IntegrityError, and the connection serves the next transaction."""
+    rows = future_rows("one-")
+    with engine.begin() as conn:
+        uow.execute_many(conn, insert(t.futures), rows[:1])
+    with pytest.raises(IntegrityError, match="one-0|UNIQUE|unique|duplicate"):
+        with engine.begin() as conn:
+            uow.execute_many(conn, insert(t.futures), rows[:1])
+    with engine.begin() as conn:
+        uow.execute_many(conn, insert(t.futures), rows[1:2])
+    assert sorted(stored(engine, t.futures, "request_id", "one-")) == ["0", "1"]
