@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Iterator, Optional
 
-from sqlalchemy import bindparam, delete, insert, select
+from sqlalchemy import bindparam, insert, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
@@ -28,7 +28,7 @@ from eventing.store import projections
 from eventing.store import tables as t
 from eventing.store.finished import FinishedFutures
 from eventing.store.rebuilding import Rebuilder
-from eventing.store.unit_of_work import Rows, driver_rows, execute_many, utc
+from eventing.store.unit_of_work import Rows, driver_execute, driver_rows, execute_many, utc
 from openrl_core.errors import Conflict
 from openrl_core.events import Event
 from openrl_core.events.lifecycle import BlobRef
@@ -49,7 +49,6 @@ _KNOWN_IDS = select(t.events.c.id).where(t.events.c.id.in_(bindparam("b_ids", ex
 _SUBMISSION = select(t.submissions).where(
     t.submissions.c.tenant == bindparam("b_tenant"), t.submissions.c.dedup_key == bindparam("b_key")
 )
-_OUTBOX_DELETE = delete(t.outbox).where(t.outbox.c.event_id.in_(bindparam("b_ids", expanding=True)))
 # The payload fields whose rows the fold reads, prefetched for a whole batch in one query each.
 _PREFETCH = (("futures", "request_id"), ("training_runs", "model_id"), ("sessions", "session_id"), ("sampling_sessions", "sampling_session_id"))
 _STEP_COMPLETIONS = ("ai.openrl.training.forward_backward.completed.v1", "ai.openrl.training.optim_step.completed.v1")
@@ -253,7 +252,9 @@ class EventStore:
         if not event_ids:
             return
         with self.engine.begin() as conn:
-            conn.execute(_OUTBOX_DELETE, {"b_ids": event_ids})
+            for start in range(0, len(event_ids), 500):
+                chunk = event_ids[start : start + 500]
+                driver_execute(conn, _id_list_sql(conn.dialect, "delete", "outbox", "event_id", len(chunk)), [chunk])
 
     def read(self, after_position: int = 0, limit: int = 1000) -> list[tuple[int, Event]]:
         with self.engine.connect() as conn:
@@ -348,15 +349,19 @@ def _known_ids(conn, ids: list[str]) -> set[str]:
     known: set[str] = set()
     for start in range(0, len(ids), 500):
         chunk = ids[start : start + 500]
-        rows, _description = driver_rows(conn, _known_ids_sql(conn.dialect, len(chunk)), chunk)
+        rows, _description = driver_rows(conn, _id_list_sql(conn.dialect, "select", "events", "id", len(chunk)), chunk)
         known.update(row[0] for row in rows)
     return known
 
 
 @functools.lru_cache(maxsize=512)
-def _known_ids_sql(dialect, count: int) -> str:
+def _id_list_sql(dialect, action: str, table: str, column: str, count: int) -> str:
+    """Driver SQL that selects ("select") or deletes ("delete") the rows of `table` whose
+    `column` is among `count` parameters, built once per dialect and count (the known-ids
+    check, the outbox clean-up)."""
     quote, mark = dialect.identifier_preparer.quote, "?" if dialect.paramstyle == "qmark" else "%s"
-    return f"SELECT {quote('id')} FROM {quote('events')} WHERE {quote('id')} IN ({', '.join([mark] * count)})"
+    head = f"SELECT {quote(column)}" if action == "select" else "DELETE"
+    return f"{head} FROM {quote(table)} WHERE {quote(column)} IN ({', '.join([mark] * count)})"
 
 
 def _text_time(value) -> Optional[datetime]:
