@@ -6,15 +6,15 @@ found: the caller answers 404 exactly as for an id that never existed.
 
 from __future__ import annotations
 
-import functools
 from datetime import datetime, timezone
 from typing import Any, Optional
 
-from sqlalchemy import bindparam, func, insert, or_, select
+from sqlalchemy import func, insert, or_, select
 from sqlalchemy.engine import Engine, Row
 
 from eventing.store import tables as t
 from eventing.store.projections import utc
+from eventing.store.unit_of_work import primary_key, read_by_key
 from openrl_core.retention import SamplerVersion, live_sampler_versions
 
 
@@ -33,21 +33,40 @@ def _page(engine: Engine, query, limit: Optional[int], offset: int) -> tuple[lis
     return rows, int(total)
 
 
-@functools.lru_cache(maxsize=None)
-def _lookup(table, keys: tuple[str, ...]):
-    """A tenant-scoped lookup by `keys`, built once with bind parameters: every request looks
-    up its run, session or future, and building a statement per call cost more than running it."""
-    return select(table).where(table.c.tenant == bindparam("b_tenant"), *(table.c[name] == bindparam(f"b_{name}") for name in keys))
+class StoredRow:
+    """A row read by key in driver SQL: its columns as attributes, as on SQLAlchemy's Row."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self._values = values
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    @property
+    def _mapping(self) -> dict[str, Any]:
+        return self._values
+
+    def __repr__(self) -> str:
+        return f"StoredRow({self._values!r})"
 
 
 class Projections:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def _one(self, table, tenant: str, **keys) -> Optional[Row]:
-        params = {"b_tenant": tenant, **{f"b_{name}": value for name, value in keys.items()}}
+    def _one(self, table, tenant: str, **keys) -> Optional[StoredRow]:
+        """The row of `table` with primary key `keys` if `tenant` owns it. In driver SQL
+        (`unit_of_work.read_by_key`): every request looks up its run, session or future, and
+        through SQLAlchemy Core the lookup cost several times the driver's query."""
+        key = tuple(keys[name] for name in primary_key(table.name))
         with self.engine.connect() as conn:
-            return conn.execute(_lookup(table, tuple(keys)), params).first()
+            row = read_by_key(conn, table.name, key)
+        return StoredRow(row) if row is not None and row["tenant"] == tenant else None
 
     def future(self, tenant: str, request_id: str) -> Optional[Row]:
         return self._one(t.futures, tenant, request_id=request_id)

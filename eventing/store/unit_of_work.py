@@ -151,6 +151,16 @@ def _reader(dialect, table: str) -> _Reader:
     return _Reader(dialect, table)
 
 
+def read_by_key(conn: Connection, table: str, key: Key) -> Optional[Row]:
+    """One row of `table` by its whole primary key, read as the unit of work reads (None: absent)."""
+    found = _reader(conn.dialect, table).by_keys(conn, [key])
+    return found[0] if found else None
+
+
+def primary_key(table: str) -> list[str]:
+    return list(_PRIMARY[table])
+
+
 def driver_rows(conn: Connection, sql: str, params) -> tuple[list[tuple], Any]:
     """A read in driver SQL on `conn`'s transaction: its rows as the driver gives them, and
     the cursor's description (the one place the store's reads go past SQLAlchemy, so tests

@@ -97,3 +97,19 @@ def test_a_runs_latest_step_reads_as_cores_greatest(engine):
             else:
                 assert got == {k: uow.utc(v) if k in uow._DATETIMES["run_steps"] else v for k, v in want._mapping.items()}
         assert [rows.latest("run_steps", "step", "model_id", run)["step"] for run in runs[:3]] == [3, 11, 11]
+
+
+def test_a_projection_lookup_is_cores_row_for_its_tenant_and_nothing_for_another(engine):
+    """`Projections`' lookups by id (every request's run, session or future) read in driver
+    SQL: the row's columns as attributes, equal to Core's select; scoped to the owner."""
+    from eventing.store.queries import Projections
+
+    projections = Projections(engine)
+    with engine.connect() as conn:
+        want = conn.execute(select(t.futures).where(t.futures.c.request_id == "read-3")).first()
+    got = projections.future("alice", "read-3")
+    assert {name: getattr(got, name) for name in want._mapping} == dict(want._mapping) == dict(got._mapping)
+    assert projections.future("bob", "read-3") is None  # another tenant's future is not found
+    assert projections.future("alice", "read-absent") is None
+    with pytest.raises(AttributeError):
+        got.no_such_column
