@@ -14,6 +14,7 @@ pattern, so a new tenant's topic is picked up without a restart.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from typing import Iterable, Optional
@@ -23,6 +24,7 @@ WORK_STREAMS = ("training", "training-full", "sampling")
 STREAMS = (*WORK_STREAMS, "completions", "control")
 
 
+@functools.lru_cache(maxsize=4096)  # every submission names its topic
 def model_slug(base_model: str) -> str:
     """A topic-safe name for a base model; the hash keeps distinct names distinct."""
     readable = re.sub(r"[^a-z0-9]+", "-", base_model.lower()).strip("-")[:60]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, Optional
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, PrivateAttr, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from typing_extensions import Annotated
 
@@ -22,6 +22,7 @@ DEFAULT_API_KEY = "tml-openrl-local"
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="OPENRL_", extra="forbid")
+    _quotas_kept: dict = PrivateAttr(default_factory=dict)  # tenant -> (what they were made from, `quotas`)
 
     host: str = Field("127.0.0.1", description="address the gateway listens on")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
@@ -328,14 +329,26 @@ class Settings(BaseSettings):
         return value
 
     def quotas(self, tenant: str) -> tuple[Quotas, frozenset[str]]:
-        """The tenant's limits, and which come from its tenant_quotas entry."""
+        """The tenant's limits, and which come from its tenant_quotas entry. Asked twice on
+        every submission, and building the models each time was a tenth of a gateway
+        thread's work per future: kept per tenant, under the values they were made from."""
+        own = self.tenant_quotas.get(tenant)
+        made_from = (
+            self.quota_requests_in_flight, self.quota_queued_training_tokens, self.quota_sampling_tokens_per_minute,
+            self.quota_checkpoint_bytes, None if own is None else repr(own),
+        )  # fmt: skip
+        kept = self._quotas_kept.get(tenant)
+        if kept is not None and kept[0] == made_from:
+            return kept[1]
         defaults = Quotas(
             requests_in_flight=self.quota_requests_in_flight,
             queued_training_tokens=self.quota_queued_training_tokens,
             sampling_tokens_per_minute=self.quota_sampling_tokens_per_minute,
             checkpoint_bytes=self.quota_checkpoint_bytes,
         )
-        return limits_for(defaults, self.tenant_quotas, tenant)
+        limits = limits_for(defaults, self.tenant_quotas, tenant)
+        self._quotas_kept[tenant] = (made_from, limits)
+        return limits
 
     @field_validator("scheduler_default_job_memory")
     @classmethod

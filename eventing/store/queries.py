@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine, Row
 
 from eventing.store import tables as t
 from eventing.store.projections import utc
-from eventing.store.unit_of_work import primary_key, read_by_key
+from eventing.store.unit_of_work import LazyRow, primary_key, read_by_key
 from openrl_core.retention import SamplerVersion, live_sampler_versions
 
 
@@ -33,40 +33,18 @@ def _page(engine: Engine, query, limit: Optional[int], offset: int) -> tuple[lis
     return rows, int(total)
 
 
-class StoredRow:
-    """A row read by key in driver SQL: its columns as attributes, as on SQLAlchemy's Row."""
-
-    __slots__ = ("_values",)
-
-    def __init__(self, values: dict[str, Any]) -> None:
-        self._values = values
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self._values[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-    @property
-    def _mapping(self) -> dict[str, Any]:
-        return self._values
-
-    def __repr__(self) -> str:
-        return f"StoredRow({self._values!r})"
-
-
 class Projections:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def _one(self, table, tenant: str, **keys) -> Optional[StoredRow]:
+    def _one(self, table, tenant: str, **keys) -> Optional[LazyRow]:
         """The row of `table` with primary key `keys` if `tenant` owns it. In driver SQL
         (`unit_of_work.read_by_key`): every request looks up its run, session or future, and
         through SQLAlchemy Core the lookup cost several times the driver's query."""
         key = tuple(keys[name] for name in primary_key(table.name))
         with self.engine.connect() as conn:
             row = read_by_key(conn, table.name, key)
-        return StoredRow(row) if row is not None and row["tenant"] == tenant else None
+        return row if row is not None and row.tenant == tenant else None
 
     def future(self, tenant: str, request_id: str) -> Optional[Row]:
         return self._one(t.futures, tenant, request_id=request_id)

@@ -113,3 +113,19 @@ def test_a_projection_lookup_is_cores_row_for_its_tenant_and_nothing_for_another
     assert projections.future("alice", "read-absent") is None
     with pytest.raises(AttributeError):
         got.no_such_column
+
+
+def test_a_lookups_values_are_processed_only_when_asked_for(engine, monkeypatch):
+    """`LazyRow`: a column's result processor runs on its first read and never again, and
+    never for a column not read (a run's lookup need not decode its JSON)."""
+    from eventing.store.queries import Projections
+
+    calls: list[str] = []
+    reader = uow._reader(engine.dialect, "futures")
+    with engine.connect() as conn:
+        reader.by_keys(conn, [("read-1",)])  # the processors are known from a first read
+    monkeypatch.setattr(reader, "by_name", {name: (lambda v, n=name: calls.append(n) or v) for name in reader.by_name} | {"tokens": lambda v: calls.append("tokens") or v})
+    row = Projections(engine).future("alice", "read-1")
+    assert "result" not in calls
+    assert row.tokens == row.tokens == future_rows("")[1]["tokens"]
+    assert calls.count("tokens") == 1
