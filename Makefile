@@ -67,6 +67,7 @@ bench: install
 	$(PY) bench/sampling_roundtrip.py
 	$(PY) bench/futures_throughput.py
 	$(PY) bench/replay_speed.py
+	$(PY) bench/store_append.py
 	$(PY) bench/timesliced_rl.py
 	$(PY) bench/delta_sync.py
 	$(PY) bench/packing.py
