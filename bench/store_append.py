@@ -6,8 +6,7 @@ A store (SQLite or PostgreSQL, fresh and migrated) first takes `--history` event
 `bench/replay_speed.py`'s realistic history, one transaction each; then every `optim_step`
 requested and completed event of the next `--measure` events is timed alone through
 `EventStore.append_many` (the requested ones with an outbox topic, as the gateway appends
-them), the rest appended untimed in between. Prints each kind's median and p90 in ms and,
-with `--statements`, the statements one append of each kind runs.
+them), the rest appended untimed in between. Prints each kind's median and p90 in ms.
 
 Run it from two trees (`PYTHONPATH=<tree>`) to compare them side by side.
 """

@@ -28,7 +28,7 @@ from eventing.store import projections
 from eventing.store import tables as t
 from eventing.store.finished import FinishedFutures
 from eventing.store.rebuilding import Rebuilder
-from eventing.store.unit_of_work import Rows, driver_execute, driver_rows, execute_many, utc
+from eventing.store.unit_of_work import Rows, driver_execute, driver_mark, driver_rows, execute_many, utc
 from openrl_core.errors import Conflict
 from openrl_core.events import Event
 from openrl_core.events.lifecycle import BlobRef
@@ -337,7 +337,7 @@ _PACKED_COLUMNS = (
 def _packed_sql(dialect) -> str:
     """`read_packed`'s query for one dialect, with two positional parameters (after, limit)."""
     quote = dialect.identifier_preparer.quote
-    mark = "?" if dialect.paramstyle == "qmark" else "%s"
+    mark = driver_mark(dialect)
     columns = ", ".join(quote(name) for name in _PACKED_COLUMNS)
     position = quote("position")
     return f"SELECT {columns} FROM {quote('events')} WHERE {position} > {mark} ORDER BY {position} LIMIT {mark}"
@@ -359,7 +359,7 @@ def _id_list_sql(dialect, action: str, table: str, column: str, count: int) -> s
     """Driver SQL that selects ("select") or deletes ("delete") the rows of `table` whose
     `column` is among `count` parameters, built once per dialect and count (the known-ids
     check, the outbox clean-up)."""
-    quote, mark = dialect.identifier_preparer.quote, "?" if dialect.paramstyle == "qmark" else "%s"
+    quote, mark = dialect.identifier_preparer.quote, driver_mark(dialect)
     head = f"SELECT {quote(column)}" if action == "select" else "DELETE"
     return f"{head} FROM {quote(table)} WHERE {quote(column)} IN ({', '.join([mark] * count)})"
 

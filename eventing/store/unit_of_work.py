@@ -102,7 +102,7 @@ class _Reader:
         self.processors: Optional[list] = None
         self.by_name: dict[str, Any] = {}
         self.head = f"SELECT {', '.join(prepare.quote(c) for c in self.columns)} FROM {prepare.format_table(source)} WHERE "
-        self.mark = "?" if dialect.paramstyle == "qmark" else "%s"
+        self.mark = driver_mark(dialect)
         self.primary = [prepare.quote(c) for c in _PRIMARY[table]]
         self.values_list = dialect.name == "sqlite"  # SQLite compares row values with a VALUES list
         self._sql: dict[int, str] = {}
@@ -121,7 +121,8 @@ class _Reader:
         raw, description = self._fetch(conn, [key])
         if not raw:
             return None
-        return LazyRow(dict(zip(self.columns, raw[0])), self._processor_map(description))
+        self._processors(description)
+        return LazyRow(dict(zip(self.columns, raw[0])), self.by_name)
 
     def _match(self, count: int) -> str:
         if len(self.primary) == 1:
@@ -131,6 +132,7 @@ class _Reader:
         return f"({', '.join(self.primary)}) IN ({'VALUES ' if self.values_list else ''}{listed})"
 
     def _processors(self, description) -> list:
+        """(column index, processor) for the columns that have one; `by_name` the same by name."""
         if self.processors is None:
             codes = [column[1] for column in description]
             self.processors = [
@@ -139,10 +141,6 @@ class _Reader:
             ]  # fmt: skip
             self.by_name = {self.columns[i]: process for i, process in self.processors}
         return self.processors
-
-    def _processor_map(self, description) -> dict:
-        self._processors(description)
-        return self.by_name
 
     def rows(self, raw: list[tuple], description) -> list[Row]:
         """Rows of this table's columns, in its order, as the driver gave them with `description`."""
@@ -209,6 +207,11 @@ def read_by_key(conn: Connection, table: str, key: Key) -> Optional[LazyRow]:
 
 def primary_key(table: str) -> list[str]:
     return list(_PRIMARY[table])
+
+
+def driver_mark(dialect) -> str:
+    """The driver's positional parameter marker, for SQL written here: sqlite3's `?`, psycopg's `%s`."""
+    return "?" if dialect.paramstyle == "qmark" else "%s"
 
 
 def driver_rows(conn: Connection, sql: str, params) -> tuple[list[tuple], Any]:
