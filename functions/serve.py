@@ -101,6 +101,11 @@ class Node:
                 self._loops.append(("collector", CollectorLoop(collector, settings.blob_collector_seconds)))
         if "projector" in self.roles:
             self._loops.append(("projector", Projector(rt.bus, rt.store, rt.notifier, instance_id=self._instance_id("projector"))))
+            if "gateway" in self.roles and settings.bus == "embedded":
+                # One process writes every future here (the embedded log has no other), so a
+                # future its store committed unfinished and has not seen finish is running:
+                # the gateway's first look at it need not read (eventing/store/finished.py).
+                rt.store.finished.follow_pending()
         if "trainer" in self.roles:
             from functions.trainer.worker import TrainerWorker
 

@@ -1,4 +1,5 @@
-"""Futures that just finished, kept in memory for the long-polls waiting on them.
+"""Futures that just finished, kept in memory for the long-polls waiting on them, and, where
+this process sees every change of a future, the ones still running.
 
 A future's row never changes once it is terminal (`openrl_core.futures`: a terminal state
 absorbs every later event), so a copy of it is as good as the store's. The store puts the
@@ -7,6 +8,19 @@ same process (`openrl serve`, where the projector runs beside it) answers a woke
 `retrieve_future` from here, without a read of the store or a worker-thread hop. Bounded
 and least-recently-used: it serves the moment after a completion, not history. Anywhere
 else (a gateway of its own, a miss) the store is read as before.
+
+Pending futures (`follow_pending`, off by default): a `retrieve_future` usually arrives
+before its future finishes, and its first store read, in a gateway thread, only learns
+that it runs. That read and its thread hop were about a fifth of a no-op future's server
+CPU (README, "where a no-op future's time goes"). Where every write to the futures table
+goes through this store object, a future it committed unfinished, and has not seen finish
+since, is still running, and the gateway may wait for its completion without reading.
+That holds in the embedded deployment (one process: the gateway appends the request, the
+projector beside it folds the completion); with Kafka another process's projector may
+finish it unseen, so it stays off there. It is a hint, not a record: the gateway still
+reads the store after a short wait (`functions/gateway/routes/futures.py`), so a hint
+that is wrong (a row changed by another process after all) costs that wait, never an
+answer.
 """
 
 from __future__ import annotations
@@ -20,17 +34,43 @@ from openrl_core.futures import FutureState, is_terminal
 
 
 class FinishedFutures:
-    def __init__(self, capacity: int = 1024) -> None:
+    def __init__(self, capacity: int = 1024, pending_capacity: int = 16384) -> None:
         self.capacity = capacity
+        self.pending_capacity = pending_capacity
         self._rows: OrderedDict[str, SimpleNamespace] = OrderedDict()
+        self._pending: Optional[OrderedDict[str, str]] = None  # request_id -> tenant, once followed
         self._lock = threading.Lock()
 
+    def follow_pending(self) -> None:
+        """Keep the unfinished futures this store commits too (the module docstring says
+        where that is sound); from now on, so a future committed before is not pending here."""
+        with self._lock:
+            if self._pending is None:
+                self._pending = OrderedDict()
+
     def put_many(self, rows: Iterable[dict]) -> None:
-        """Keep the terminal ones among these committed futures rows."""
-        finished = [SimpleNamespace(**row) for row in rows if is_terminal(FutureState(row["state"]))]
-        if not finished or self.capacity <= 0:
+        """Keep the terminal ones among these committed futures rows (and, when followed,
+        note the others as pending)."""
+        finished, running = [], []
+        for row in rows:
+            if is_terminal(FutureState(row["state"])):
+                finished.append(SimpleNamespace(**row))
+            else:
+                running.append(row)
+        if not finished and (self._pending is None or not running):
             return
         with self._lock:
+            pending = self._pending
+            if pending is not None:
+                for row in running:
+                    pending[row["request_id"]] = row["tenant"]
+                    pending.move_to_end(row["request_id"])
+                for row in finished:
+                    pending.pop(row.request_id, None)
+                while len(pending) > self.pending_capacity:
+                    pending.popitem(last=False)
+            if self.capacity <= 0:
+                return
             for row in finished:
                 self._rows[row.request_id] = row
                 self._rows.move_to_end(row.request_id)
@@ -42,3 +82,10 @@ class FinishedFutures:
         with self._lock:
             row = self._rows.get(request_id)
         return row if row is not None and row.tenant == tenant else None
+
+    def pending(self, tenant: str, request_id: str) -> bool:
+        """Whether this store committed the tenant's future unfinished and has not seen it
+        finish since (always False unless `follow_pending`): a hint, see the module docstring."""
+        with self._lock:
+            pending = self._pending
+            return pending is not None and pending.get(request_id) == tenant

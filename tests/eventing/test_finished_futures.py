@@ -38,3 +38,47 @@ def test_the_store_keeps_what_a_committed_batch_finished_as_the_store_has_it(sto
     store.append_batch([(new_event(te.OPTIM_STEP["completed"], done, tenant="alice", source="/t", key="m"), None)])
     kept, stored = store.finished.get("alice", "r1"), reads.future("alice", "r1")
     assert kept is not None and (kept.state, kept.result, kept.kind) == (stored.state, stored.result, stored.kind)
+
+
+# -- pending futures: a hint for the gateway's first look, only where it was asked for ------
+
+
+def test_pending_is_never_said_unless_followed():
+    finished = FinishedFutures()
+    finished.put_many([row("r1", "pending")])
+    assert not finished.pending("alice", "r1")  # off by default: a gateway beside no projector would wait on it
+
+
+def test_followed_pending_futures_until_they_finish_and_only_for_their_tenant():
+    finished = FinishedFutures()
+    finished.put_many([row("before", "pending")])
+    finished.follow_pending()
+    assert not finished.pending("alice", "before")  # committed before following: unknown, not running
+    finished.put_many([row("r1", "pending"), row("r2", "running"), row("r3", "pending", tenant="bob")])
+    assert finished.pending("alice", "r1") and finished.pending("alice", "r2")
+    assert not finished.pending("alice", "r3") and finished.pending("bob", "r3")
+    assert not finished.pending("alice", "unknown")
+    finished.put_many([row("r1", "completed"), row("r3", "cancelled", tenant="bob")])
+    assert not finished.pending("alice", "r1") and not finished.pending("bob", "r3")
+    assert finished.get("alice", "r1").state == "completed"
+    finished.put_many([row("r2", "failed")])
+    assert not finished.pending("alice", "r2")
+
+
+def test_followed_pending_futures_are_bounded_the_oldest_forgotten_first():
+    finished = FinishedFutures(pending_capacity=2)
+    finished.follow_pending()
+    finished.put_many([row("r1", "pending"), row("r2", "pending")])
+    finished.put_many([row("r3", "pending")])
+    assert [finished.pending("alice", r) for r in ("r1", "r2", "r3")] == [False, True, True]
+
+
+def test_the_store_notes_what_it_committed_unfinished_and_forgets_it_once_it_finished(store):
+    store, _reads = store
+    store.finished.follow_pending()
+    requested = te.OptimStepRequested(request_id="r1", model_id="m", seq_id=1, adam_params=AdamParams())
+    store.append(new_event(te.OPTIM_STEP["requested"], requested, tenant="alice", source="/t", key="m"))
+    assert store.finished.pending("alice", "r1") and not store.finished.pending("bob", "r1")
+    done = RequestCompleted(request_id="r1", result={"metrics": {}})
+    store.append_batch([(new_event(te.OPTIM_STEP["completed"], done, tenant="alice", source="/t", key="m"), None)])
+    assert not store.finished.pending("alice", "r1") and store.finished.get("alice", "r1") is not None

@@ -59,6 +59,8 @@ from openrl_core.wire.futures import (
 router = APIRouter(prefix="/api/v1")
 PROTOBUF = "application/x-protobuf"
 MAX_COMPLETIONS = 1000  # per retrieve_futures answer; the rest come on the next poll at once
+# How long a retrieve_future trusts "still running" from memory before it reads the store.
+PENDING_HINT_WAIT = 0.5
 
 
 def submitted_key(sampling_session_id: str) -> str:
@@ -75,6 +77,7 @@ async def retrieve_future(request: Request, ctx: GatewayContext = Depends(get_ct
     accept = request.headers.get("accept", "")
     deadline = time.monotonic() + ctx.settings.long_poll_seconds
     with ctx.waiters.watch(body.request_id) as woken:
+        first = True
         while True:
             # Clear before reading, never after: a completion that lands while the store is
             # being read must still end the wait below.
@@ -82,18 +85,23 @@ async def retrieve_future(request: Request, ctx: GatewayContext = Depends(get_ct
             finished = ctx.store.finished.get(tenant, body.request_id)
             if finished is not None and finished.kind != "sample":  # a sample's may be Gone: read its session
                 return answer(finished, accept, body.allow_metadata_only, ctx.settings.metadata_only_threshold_bytes)
-            done = await ctx.blocking(_answer_if_finished, ctx, tenant, body, accept)
-            if done is not None:
-                return done
+            # The first look only: a future this process knows is running needs no read to
+            # say so (eventing/store/finished.py); its completion wakes the wait below, and
+            # if that hint was wrong the store is read PENDING_HINT_WAIT later all the same.
+            hinted, first = first and ctx.store.finished.pending(tenant, body.request_id), False
+            if not hinted:
+                done = await ctx.blocking(_answer_if_finished, ctx, tenant, body, accept)
+                if done is not None:
+                    return done
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 and not hinted:  # a hint alone never answers: the store is read first
                 # 408 with the try_again body: the SDK (0.22 and 0.38 alike) re-polls at once
                 # either way, but a 200 try_again also logs a warning per poll, which floods
                 # long training runs.
                 queue_state = TryAgainResponse(request_id=body.request_id)
                 return JSONResponse(queue_state.model_dump(exclude_none=True), status_code=408)
             try:
-                await asyncio.wait_for(woken.wait(), timeout=remaining)
+                await asyncio.wait_for(woken.wait(), timeout=min(max(remaining, 0), PENDING_HINT_WAIT) if hinted else remaining)
             except asyncio.TimeoutError:
                 pass
 
