@@ -82,6 +82,16 @@ def completed(request_id: str):
     return new_event(te.OPTIM_STEP["completed"], done, tenant="alice", source="/test-worker", key="m", subject=request_id)
 
 
+def finish_elsewhere(runtime, request_id: str) -> None:
+    """Complete the future through another store object on the same database (as another
+    process would): the gateway's memory does not see it, and nothing wakes its waiters."""
+    engine = database.make_engine(str(runtime.engine.url))
+    try:
+        EventStore(engine, runtime.codec).append(completed(request_id))
+    finally:
+        engine.dispose()
+
+
 @pytest.mark.parametrize("follow", [True, False], ids=["followed", "not-followed"])
 def test_a_running_future_known_to_this_process_is_waited_on_without_a_store_read(served, follow):
     start, reads = served
@@ -107,11 +117,7 @@ def test_a_wrong_hint_costs_a_short_wait_not_the_long_poll_window(served):
     with no notification to wake the wait: the store is read PENDING_HINT_WAIT later."""
     start, reads = served
     client, runtime, request_id = start(True)
-    engine = database.make_engine(str(runtime.engine.url))
-    try:
-        EventStore(engine, runtime.codec).append(completed(request_id))
-    finally:
-        engine.dispose()
+    finish_elsewhere(runtime, request_id)
     assert runtime.store.finished.pending("alice", request_id)  # this process's memory is now wrong
     started = time.monotonic()
     answer = client.post("/api/v1/retrieve_future", json={"request_id": request_id})
@@ -125,11 +131,7 @@ def test_a_wrong_hint_never_answers_try_again_however_short_the_window(served):
     start, _reads = served
     client, runtime, request_id = start(True)
     runtime.settings.long_poll_seconds = 0  # past the deadline at the first look
-    engine = database.make_engine(str(runtime.engine.url))
-    try:
-        EventStore(engine, runtime.codec).append(completed(request_id))
-    finally:
-        engine.dispose()
+    finish_elsewhere(runtime, request_id)
     answer = client.post("/api/v1/retrieve_future", json={"request_id": request_id})
     assert answer.status_code == 200 and answer.json() == RESULT
 
