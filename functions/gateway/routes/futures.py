@@ -87,7 +87,8 @@ async def retrieve_future(request: Request, ctx: GatewayContext = Depends(get_ct
                 return answer(finished, accept, body.allow_metadata_only, ctx.settings.metadata_only_threshold_bytes)
             # The first look only: a future this process knows is running needs no read to
             # say so (eventing/store/finished.py); its completion wakes the wait below, and
-            # if that hint was wrong the store is read PENDING_HINT_WAIT later all the same.
+            # if that hint was wrong the store is read PENDING_HINT_WAIT later all the same
+            # (as it is for a sample whose session finished meanwhile: Gone that much later).
             hinted, first = first and ctx.store.finished.pending(tenant, body.request_id), False
             if not hinted:
                 done = await ctx.blocking(_answer_if_finished, ctx, tenant, body, accept)
