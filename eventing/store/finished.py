@@ -51,13 +51,14 @@ class FinishedFutures:
     def put_many(self, rows: Iterable[dict]) -> None:
         """Keep the terminal ones among these committed futures rows (and, when followed,
         note the others as pending)."""
+        following = self._pending is not None
         finished, running = [], []
         for row in rows:
             if is_terminal(FutureState(row["state"])):
                 finished.append(SimpleNamespace(**row))
-            else:
+            elif following:
                 running.append(row)
-        if not finished and (self._pending is None or not running):
+        if not finished and not running:
             return
         with self._lock:
             pending = self._pending

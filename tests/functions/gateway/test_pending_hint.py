@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import ExitStack
 
 import pytest
 from fastapi.testclient import TestClient
@@ -32,13 +33,6 @@ MODEL = "openrl/tiny-qwen3"
 RESULT = {"metrics": {"optim/lr": 1e-4}}
 
 
-def rig(tmp_path, follow: bool):
-    runtime = Runtime(Settings(data_dir=tmp_path, models=[MODEL], api_keys=[f"{t}={k}" for t, k in KEYS.items()], long_poll_seconds=20))
-    if follow:
-        runtime.store.finished.follow_pending()
-    return runtime
-
-
 @pytest.fixture
 def served(tmp_path, tiny_files, monkeypatch):
     """(start(follow) -> (client, runtime, request_id), store reads so far): a gateway and a
@@ -51,16 +45,20 @@ def served(tmp_path, tiny_files, monkeypatch):
         return answer_if_finished(ctx, tenant, body, accept)
 
     monkeypatch.setattr(futures_route, "_answer_if_finished", counted)
-    opened = []
+    running = ExitStack()
 
     def start(follow: bool):
-        runtime = rig(tmp_path, follow)
+        runtime = Runtime(Settings(data_dir=tmp_path, models=[MODEL], api_keys=[f"{t}={k}" for t, k in KEYS.items()], long_poll_seconds=20))
+        running.callback(runtime.close)
+        if follow:  # before the submission below, as `Node` does before it serves
+            runtime.store.finished.follow_pending()
         stop = threading.Event()
         projector = Projector(runtime.bus, runtime.store, runtime.notifier)
         thread = threading.Thread(target=projector.run, args=(stop,), daemon=True)
         thread.start()
-        client = TestClient(create_app(runtime.gateway_context())).__enter__()
-        opened.append((client, stop, thread, runtime))
+        running.callback(thread.join)
+        running.callback(stop.set)
+        client = running.enter_context(TestClient(create_app(runtime.gateway_context())))
         client.headers["X-API-Key"] = KEYS["alice"]
         session = client.post("/api/v1/create_session", json={}).json()["session_id"]
         model = client.post("/api/v1/create_model", json={"session_id": session, "model_seq_id": 0, "base_model": MODEL,
@@ -69,12 +67,8 @@ def served(tmp_path, tiny_files, monkeypatch):
         reads.clear()
         return client, runtime, future["request_id"]
 
-    yield start, reads
-    for client, stop, thread, runtime in opened:
-        client.__exit__(None, None, None)
-        stop.set()
-        thread.join()
-        runtime.close()
+    with running:  # on the way out: the client, then the projector, then the runtime
+        yield start, reads
 
 
 def completed(request_id: str):
