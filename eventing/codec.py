@@ -10,7 +10,7 @@ enough to replay.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from cloudevents.core.bindings import http as ce_http
@@ -47,11 +47,18 @@ _FORMAT = _RawJSON()
 
 @dataclass(frozen=True)
 class Message:
-    """One log record's content, independent of any Kafka client library."""
+    """One log record's content, independent of any Kafka client library.
+
+    `decoded` is the event this process encoded it from, when it still holds it: a log in
+    the same process (the embedded one) hands its consumers the very message it appended,
+    and decoding that again would only rebuild an equal event (the codec round trip is
+    tested). It is never part of the record's content: not compared, not stored, not sent;
+    a message read back from bytes (another process, a restart, Kafka) has none."""
 
     headers: dict[str, bytes]
     key: Optional[bytes]
     value: bytes
+    decoded: Optional[Event] = field(default=None, compare=False, repr=False)
 
 
 class Codec:
@@ -85,9 +92,11 @@ class Codec:
             attributes[DEDUP_REFUSED_ATTR] = "true" if dedup.rejected else "false"
         message = ce_kafka.to_binary(CloudEvent(attributes, data or None), _FORMAT)
         key = message.key.encode() if isinstance(message.key, str) else message.key
-        return Message(headers=message.headers, key=key, value=message.value)
+        return Message(headers=message.headers, key=key, value=message.value, decoded=event)
 
     def decode(self, message: Message) -> Event:
+        if message.decoded is not None:
+            return message.decoded
         return self._to_event(_from_kafka(message))
 
     def decode_with_dedup(self, message: Message) -> tuple[Event, Optional[Dedup]]:

@@ -45,6 +45,12 @@ CREATE TABLE IF NOT EXISTS commits (
 # A poll that finds nothing sleeps on a condition that appends in this process signal; the
 # cap makes appends by another process visible too, with at most this much delay.
 _MAX_IDLE_WAIT = 0.5
+# The newest records this process appended, kept as the Records it made: a consumer that
+# keeps up (the embedded deployment's workers and projector read what was appended
+# milliseconds ago) gets them without reading and parsing them back from SQLite, and with
+# the message still holding the event it was encoded from (`Message.decoded`). Older
+# records, and any appended by another process, are read from the file as before.
+_TAIL_RECORDS = 1024
 
 
 def partition_for(key: Optional[bytes], partitions: int, counter: int) -> int:
@@ -89,6 +95,8 @@ class EmbeddedLog:
             for t, p, o in self._conn.execute("SELECT topic, partition, MAX(offset) FROM records GROUP BY topic, partition")
         }
         self._groups: dict[str, _Group] = {}
+        # (topic, partition, offset) -> Record, oldest first (insertion order), committed ones only.
+        self._tail: dict[tuple[str, int, int], Record] = {}
         self._unkeyed = 0
         self._closed = False
 
@@ -156,6 +164,12 @@ class EmbeddedLog:
                 for group in self._groups.values():
                     group.generation += 1  # pattern subscribers must pick the new topic up
             self._next.update(ends)
+            tail = self._tail
+            for record in outcomes:
+                if record is not None:
+                    tail[(record.topic, record.partition, record.offset)] = record
+            while len(tail) > _TAIL_RECORDS:
+                del tail[next(iter(tail))]
             self._appended.notify_all()
         return outcomes
 
@@ -303,8 +317,20 @@ class EmbeddedConsumer:
 
     def _fetch(self, max_records: int) -> list[Record]:
         records: list[Record] = []
+        tail = self._log._tail
         for (topic, partition), position in sorted(self._positions.items()):
-            if self._log._next.get((topic, partition), 0) <= position:
+            end = self._log._next.get((topic, partition), 0)
+            if end <= position:
+                continue
+            # From memory while the records are still there (they are in order from `position`
+            # on, since the tail drops the oldest first); the file for the rest.
+            while position < end and len(records) < max_records and (cached := tail.get((topic, partition, position))):
+                records.append(cached)
+                position += 1
+            self._positions[(topic, partition)] = position
+            if len(records) >= max_records:
+                break
+            if position >= end:
                 continue
             rows = self._log._conn.execute(
                 "SELECT offset, key, headers, value, ts FROM records "

@@ -23,6 +23,7 @@ import uvicorn
 
 from eventing import topics
 from eventing.projector import Projector
+from functions.heap import settle_startup_heap
 from functions.runtime import Runtime
 from functions.timeslicer import setup as timeslicer_setup
 from functions.trainer.snapshots import SnapshotStore
@@ -178,6 +179,9 @@ class Node:
         self.runtime.close()
 
     def serve_forever(self) -> None:
+        # Everything start-up built lives as long as the process: out of the collector's
+        # full passes, which otherwise stop every thread for tens of milliseconds (functions/heap.py).
+        settle_startup_heap()
         self.start_workers()
         try:
             if self.app is not None:

@@ -147,3 +147,52 @@ def test_a_new_topic_does_not_hand_a_member_its_uncommitted_records_again(tmp_pa
     successor = log.consumer("g", pattern=r"tenant\..*")
     assert sorted((r.topic, r.offset) for r in successor.poll(timeout=0.2)) == [("tenant.a", 0), ("tenant.a", 1), ("tenant.a", 2), ("tenant.b", 0)]
     log.close()
+
+
+# -- the tail: what this process appended is handed to its consumers from memory -----------
+
+
+def test_a_consumer_that_keeps_up_gets_the_appended_records_themselves(tmp_path):
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    appended = log.publish_many([("t", message("k", n)) for n in range(5)])
+    consumer = log.consumer("g", topics=["t"])
+    polled = consumer.poll(timeout=0.2)
+    assert [r.offset for r in polled] == [0, 1, 2, 3, 4]
+    assert all(got is made for got, made in zip(polled, appended))  # no read back from the file
+    log.close()
+
+
+def test_a_lagging_consumer_reads_the_file_then_the_tail_in_order(tmp_path, monkeypatch):
+    import eventing.embedded_log as embedded
+
+    monkeypatch.setattr(embedded, "_TAIL_RECORDS", 4)  # keeps the last 4 of 10 in memory
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    appended = log.publish_many([("t", message("k", n)) for n in range(10)])
+    assert sorted(key[2] for key in log._tail) == [6, 7, 8, 9]
+    consumer = log.consumer("g", topics=["t"])
+    first = consumer.poll(max_records=3, timeout=0.2) + consumer.poll(max_records=3, timeout=0.2)
+    rest = consumer.poll(max_records=100, timeout=0.2)
+    # 0-5 from the file (equal records, not the same objects), 6-9 from memory, one sequence
+    assert [r.offset for r in first + rest] == list(range(10))
+    assert [r.message for r in first + rest] == [r.message for r in appended]
+    assert not any(r is a for r, a in zip(first, appended[:6]))
+    assert all(r is a for r, a in zip(rest, appended[6:]))
+    # and what the file gives another reader (a second process) is the same content
+    log.close()
+    again = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    from_file = drain(again, "other", "t")
+    assert [(r.offset, r.message, r.timestamp) for r in from_file] == [(r.offset, r.message, r.timestamp) for r in appended]
+    again.close()
+
+
+def test_the_tail_keeps_only_its_newest_records(tmp_path, monkeypatch):
+    import eventing.embedded_log as embedded
+
+    monkeypatch.setattr(embedded, "_TAIL_RECORDS", 8)
+    log = EmbeddedLog(tmp_path / "log.db", partitions=2)
+    for n in range(30):
+        log.publish("t", message(f"k{n % 3}", n))
+    assert len(log._tail) == 8
+    newest = sorted(log._tail.values(), key=lambda r: r.message.value)
+    assert {r.message.headers["n"] for r in newest} == {str(n).encode() for n in range(22, 30)}
+    log.close()
