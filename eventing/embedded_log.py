@@ -49,8 +49,16 @@ _MAX_IDLE_WAIT = 0.5
 # keeps up (the embedded deployment's workers and projector read what was appended
 # milliseconds ago) gets them without reading and parsing them back from SQLite, and with
 # the message still holding the event it was encoded from (`Message.decoded`). Older
-# records, and any appended by another process, are read from the file as before.
+# records, and any appended by another process, are read from the file as before. Bounded
+# by count and by payload bytes (a claim-checked payload counted at its full size, which its
+# decoded event holds), so large training requests cannot make it hold much memory.
 _TAIL_RECORDS = 1024
+_TAIL_BYTES = 32 * 1024 * 1024
+
+
+def _payload_bytes(message: Message) -> int:
+    claimed = message.headers.get("ce_claimsize")
+    return len(message.value) + (int(claimed) if claimed else 0)
 
 
 def partition_for(key: Optional[bytes], partitions: int, counter: int) -> int:
@@ -97,6 +105,7 @@ class EmbeddedLog:
         self._groups: dict[str, _Group] = {}
         # (topic, partition, offset) -> Record, oldest first (insertion order), committed ones only.
         self._tail: dict[tuple[str, int, int], Record] = {}
+        self._tail_bytes = 0
         self._unkeyed = 0
         self._closed = False
 
@@ -168,8 +177,9 @@ class EmbeddedLog:
             for record in outcomes:
                 if record is not None:
                     tail[(record.topic, record.partition, record.offset)] = record
-            while len(tail) > _TAIL_RECORDS:
-                del tail[next(iter(tail))]
+                    self._tail_bytes += _payload_bytes(record.message)
+            while tail and (len(tail) > _TAIL_RECORDS or self._tail_bytes > _TAIL_BYTES):
+                self._tail_bytes -= _payload_bytes(tail.pop(next(iter(tail))).message)
             self._appended.notify_all()
         return outcomes
 

@@ -196,3 +196,18 @@ def test_the_tail_keeps_only_its_newest_records(tmp_path, monkeypatch):
     newest = sorted(log._tail.values(), key=lambda r: r.message.value)
     assert {r.message.headers["n"] for r in newest} == {str(n).encode() for n in range(22, 30)}
     log.close()
+
+
+def test_the_tail_is_bounded_by_payload_bytes_too(tmp_path, monkeypatch):
+    import eventing.embedded_log as embedded
+
+    monkeypatch.setattr(embedded, "_TAIL_BYTES", 1000)
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    log.publish_many([("t", Message(headers={}, key=b"k", value=bytes(300))) for _ in range(5)])
+    # a claim-checked payload counts at the size its decoded event holds, not the empty value
+    log.publish("t", Message(headers={"ce_claimsize": b"600"}, key=b"k", value=b""))
+    assert sorted(key[2] for key in log._tail) == [4, 5]  # 300 + 600 bytes kept
+    assert log._tail_bytes == 900
+    consumer = log.consumer("g", topics=["t"])
+    assert [r.offset for r in consumer.poll(timeout=0.2)] == [0, 1, 2, 3, 4, 5]
+    log.close()
