@@ -22,7 +22,8 @@ def test_garbage_is_collected_before_the_survivors_are_frozen():
     try:
         frozen = settle_startup_heap()
         assert garbage() is None  # collected, not frozen with the rest
-        assert frozen == gc.get_freeze_count() > was_frozen
+        # (a frozen object may still be freed by its reference count, so no equality here)
+        assert frozen > was_frozen and gc.get_freeze_count() > was_frozen
         assert not any(o is kept for o in gc.get_objects(generation=2))  # out of the full passes
     finally:
         gc.unfreeze()
