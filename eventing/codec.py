@@ -27,6 +27,7 @@ from openrl_core.events.lifecycle import BlobRef
 JSON = "application/json"
 CLAIM_ATTR = "claimcheck"
 CLAIM_SIZE_ATTR = "claimsize"
+_CLAIM_SIZE_HEADER = "ce_" + CLAIM_SIZE_ATTR  # binary mode's header for that attribute
 # A submission's dedup identity rides along on the log, so the log alone can rebuild the
 # store (`openrl replay --from-log`), submissions table included.
 DEDUP_KEY_ATTR = "dedupkey"
@@ -59,6 +60,11 @@ class Message:
     key: Optional[bytes]
     value: bytes
     decoded: Optional[Event] = field(default=None, compare=False, repr=False)
+
+    def payload_bytes(self) -> int:
+        """The payload's size, inline or claim-checked (the size its decoded event holds)."""
+        claimed = self.headers.get(_CLAIM_SIZE_HEADER)
+        return len(self.value) + (int(claimed) if claimed else 0)
 
 
 class Codec:

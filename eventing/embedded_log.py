@@ -55,12 +55,6 @@ _MAX_IDLE_WAIT = 0.5
 _TAIL_RECORDS = 1024
 _TAIL_BYTES = 32 * 1024 * 1024
 
-
-def _payload_bytes(message: Message) -> int:
-    claimed = message.headers.get("ce_claimsize")
-    return len(message.value) + (int(claimed) if claimed else 0)
-
-
 def partition_for(key: Optional[bytes], partitions: int, counter: int) -> int:
     """Same key, same partition (crc32 is stable across processes, unlike hash())."""
     if key is None:
@@ -177,9 +171,9 @@ class EmbeddedLog:
             for record in outcomes:
                 if record is not None:
                     tail[(record.topic, record.partition, record.offset)] = record
-                    self._tail_bytes += _payload_bytes(record.message)
+                    self._tail_bytes += record.message.payload_bytes()
             while tail and (len(tail) > _TAIL_RECORDS or self._tail_bytes > _TAIL_BYTES):
-                self._tail_bytes -= _payload_bytes(tail.pop(next(iter(tail))).message)
+                self._tail_bytes -= tail.pop(next(iter(tail))).message.payload_bytes()
             self._appended.notify_all()
         return outcomes
 
