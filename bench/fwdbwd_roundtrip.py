@@ -26,25 +26,26 @@ def make_batch(vocab: int, batch: int, seq: int, seed: int = 0):
 
 
 class DirectPeft:
-    def __init__(self, files, rank: int, lr: float) -> None:
+    def __init__(self, files, rank: int, lr: float, device: str = "cpu") -> None:
         from peft import LoraConfig, get_peft_model
 
         from functions.compute.models import load_causal_lm
 
-        base = load_causal_lm(files)
+        base = load_causal_lm(files, device=device)
+        self.device = device
         self.model = get_peft_model(base, LoraConfig(r=rank, lora_alpha=32, target_modules=TARGETS, lora_dropout=0.0))
         self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
 
     def step(self, sequences) -> float:
-        tokens = torch.tensor([s[:-1] for s in sequences])
-        targets = torch.tensor([s[1:] for s in sequences])
+        tokens = torch.tensor([s[:-1] for s in sequences], device=self.device)
+        targets = torch.tensor([s[1:] for s in sequences], device=self.device)
         logits = self.model(input_ids=tokens).logits
         logprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         loss = -logprobs.sum()
         loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss.item()
+        return loss.item()  # .item() waits for the device: the step is done when this returns
 
 
 def main() -> None:
@@ -54,6 +55,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--device", default="cpu", help="torch device of both sides: cpu or cuda")
     args = parser.parse_args()
 
     import tinker
@@ -70,9 +72,9 @@ def main() -> None:
         for s in sequences
     ]
     adam = types.AdamParams(learning_rate=1e-4)
-    direct = DirectPeft(files, args.rank, 1e-4)
+    direct = DirectPeft(files, args.rank, 1e-4, args.device)
     key = "tml-bench"
-    with tempfile.TemporaryDirectory() as data_dir, LocalServer(data_dir, [args.model], key) as server:
+    with tempfile.TemporaryDirectory() as data_dir, LocalServer(data_dir, [args.model], key, extra_env={"OPENRL_DEVICE": args.device}) as server:
         client = tinker.ServiceClient(base_url=server.url, api_key=key)
         training = client.create_lora_training_client(base_model=args.model, rank=args.rank, seed=0).result()
 
@@ -94,7 +96,7 @@ def main() -> None:
             direct_times.append(time.perf_counter() - started)
         client.close("success").result()
     ratios = [a / b for a, b in zip(sdk_times, direct_times)]
-    print(f"model {args.model}, LoRA rank {args.rank}, batch {args.batch} x {args.seq} tokens, {args.rounds} paired rounds")
+    print(f"model {args.model} on {args.device}, LoRA rank {args.rank}, batch {args.batch} x {args.seq} tokens, {args.rounds} paired rounds")
     print(f"SDK forward_backward+optim_step round trip: median {statistics.median(sdk_times) * 1000:.0f} ms")
     print(f"direct in-process peft step:                median {statistics.median(direct_times) * 1000:.0f} ms")
     print(f"ratio SDK/direct: median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})")

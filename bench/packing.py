@@ -10,7 +10,7 @@
 
 Targets: (a) small >= 1.5x on SmolLM2, large >= 0.95x; (b) >= 2.5x.
 
-    .venv/bin/python bench/packing.py [--models tiny,smol] [--rounds 5] [--skip-engine] [--skip-service]
+    .venv/bin/python bench/packing.py [--models tiny,smol] [--rounds 5] [--skip-engine] [--skip-service] [--device cuda]
 
 (b) also runs the 4 jobs with packing switched off (OPENRL_TRAINER_PACKING=false), to show what
 the shared passes add on top of overlapping one job's environment wait with another's compute.
@@ -46,7 +46,15 @@ def requests(rows: int, length: int, seed: int = 0):
     return out
 
 
-def engine_bench(name: str, rounds: int, sizes: tuple[str, ...] = ("small", "large")) -> None:
+def synchronize(device: str) -> None:
+    """Wait for queued accelerator work, so a timer stops when the work is done, not launched."""
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def engine_bench(name: str, rounds: int, sizes: tuple[str, ...] = ("small", "large"), device: str = "cpu") -> None:
     import torch
 
     from functions.compute.models import ModelDirectory
@@ -54,7 +62,7 @@ def engine_bench(name: str, rounds: int, sizes: tuple[str, ...] = ("small", "lar
     from openrl_core.catalog import Catalog
     from openrl_core.params import LoraConfig
 
-    engine = TrainerEngine(ModelDirectory(Catalog.from_names([name])).files(name))
+    engine = TrainerEngine(ModelDirectory(Catalog.from_names([name])).files(name), device=device)
     for i in range(8):
         engine.create_adapter(f"m{i}", LoraConfig(rank=(8, 16, 32)[i % 3], seed=i))
     for label, rows, length in (("small (8 models x 2 x 32 tokens)", 2, 32), ("large (8 models x 8 x 128 tokens)", 8, 128)):
@@ -66,19 +74,23 @@ def engine_bench(name: str, rounds: int, sizes: tuple[str, ...] = ("small", "lar
             for model in range(8):
                 for p in engine._adapters[f"m{model}"].params.values():
                     p.grad = None
+            synchronize(device)
             started = time.perf_counter()
             engine.forward_backward_many(batch)
+            synchronize(device)
             packed_t.append(time.perf_counter() - started)
             for model in range(8):
                 for p in engine._adapters[f"m{model}"].params.values():
                     p.grad = None
+            synchronize(device)
             started = time.perf_counter()
             for r in batch:
                 engine.forward_backward(r.model_id, r.batch, r.loss_fn, r.loss_fn_config, r.forward_only)
+            synchronize(device)
             alone_t.append(time.perf_counter() - started)
         packed_t, alone_t = packed_t[1:], alone_t[1:]  # the first round warms caches up
         ratio = statistics.median(a / p for a, p in zip(alone_t, packed_t))
-        print(f"{name:<38} {label:<36} packed {statistics.median(packed_t):6.3f} s  one by one "
+        print(f"{name:<38} [{device}] {label:<36} packed {statistics.median(packed_t):6.3f} s  one by one "
               f"{statistics.median(alone_t):6.3f} s  speed-up {ratio:.2f}x  (threads {torch.get_num_threads()})", flush=True)  # fmt: skip
 
 
@@ -139,7 +151,7 @@ def rl_run(url: str, jobs: int, steps: int, env_seconds: float) -> float:
     return jobs * steps / wall
 
 
-def service_bench(steps: int, env_seconds: float, modes: tuple[str, ...] = ("on", "off")) -> None:
+def service_bench(steps: int, env_seconds: float, modes: tuple[str, ...] = ("on", "off"), device: str = "cpu") -> None:
     import tempfile
     from pathlib import Path
 
@@ -151,7 +163,7 @@ def service_bench(steps: int, env_seconds: float, modes: tuple[str, ...] = ("on"
         if label.split()[1] not in modes:
             continue
         server = LocalServer(Path(tempfile.mkdtemp(prefix="openrl-pack-bench-")), [SERVICE_MODEL], keys,
-                             extra_env={"OPENRL_TRAINER_PACKING": packing, "OPENRL_SNAPSHOT_EVERY_STEPS": "0"}).wait_ready()  # fmt: skip
+                             extra_env={"OPENRL_TRAINER_PACKING": packing, "OPENRL_SNAPSHOT_EVERY_STEPS": "0", "OPENRL_DEVICE": device}).wait_ready()  # fmt: skip
         try:
             rl_run(server.url, 1, 2, env_seconds)  # warm-up: the base model loads, kernels warm
             one = rl_run(server.url, 1, steps, env_seconds)
@@ -159,14 +171,14 @@ def service_bench(steps: int, env_seconds: float, modes: tuple[str, ...] = ("on"
         finally:
             server.stop()
         rows[label] = (one, many)
-        print(f"{SERVICE_MODEL} RL ({label}), {GROUP} samples x {MAX_TOKENS} tokens, environment {env_seconds:.2f} s: "
+        print(f"{SERVICE_MODEL} [{device}] RL ({label}), {GROUP} samples x {MAX_TOKENS} tokens, environment {env_seconds:.2f} s: "
               f"1 job {one:.3f} steps/s, {RL_JOBS} jobs {many:.3f} steps/s together: {many / one:.2f}x", flush=True)  # fmt: skip
     if len(rows) == 2:
         on, off = rows["packing on"][1], rows["packing off"][1]
         print(f"{RL_JOBS} jobs, packing on against off: {on / off:.2f}x aggregate steps/s")
 
 
-def floor_bench(env_seconds: float, reps: int = 4) -> None:
+def floor_bench(env_seconds: float, reps: int = 4, device: str = "cpu") -> None:
     """The engines alone on (b)'s work: the least device time one RL round of 1 and of 4 jobs needs."""
     import torch
 
@@ -179,8 +191,8 @@ def floor_bench(env_seconds: float, reps: int = 4) -> None:
     from openrl_core.params import AdamParams, LoraConfig, SamplingParams
 
     files = ModelDirectory(Catalog.from_names([SERVICE_MODEL])).files(SERVICE_MODEL)
-    trainer = TrainerEngine(files)
-    sampler = SamplerEngine(files, share_base=True)
+    trainer = TrainerEngine(files, device=device)
+    sampler = SamplerEngine(files, device=device, share_base=True)
     rng = np.random.default_rng(0)
     for i in range(RL_JOBS):
         trainer.create_adapter(f"m{i}", LoraConfig(rank=8, seed=100 + i))
@@ -202,8 +214,10 @@ def floor_bench(env_seconds: float, reps: int = 4) -> None:
     def timed(fn):
         times = []
         for _ in range(reps + 1):
+            synchronize(device)
             started = time.perf_counter()
             fn()
+            synchronize(device)
             times.append(time.perf_counter() - started)
         return statistics.median(times[1:])
 
@@ -218,7 +232,7 @@ def floor_bench(env_seconds: float, reps: int = 4) -> None:
         train = timed(lambda: trainer.forward_backward_many([PackRequest(f"m{i}", data(), "importance_sampling", None, False) for i in range(n)]))
         publish = timed(lambda: step(range(n)))
         rows[n] = sample + train + publish
-        print(f"{SERVICE_MODEL} floor, {n} job(s) in one batch and one pass: sample {sample:.3f} s, forward_backward "
+        print(f"{SERVICE_MODEL} [{device}] floor, {n} job(s) in one batch and one pass: sample {sample:.3f} s, forward_backward "
               f"{train:.3f} s, optim_step + export + sampler load {publish:.3f} s: {rows[n]:.3f} s a round "
               f"(threads {torch.get_num_threads()})", flush=True)  # fmt: skip
     print(f"at best, with no environment wait and nothing idle: {RL_JOBS} jobs {RL_JOBS / rows[RL_JOBS]:.3f} steps/s against "
@@ -237,6 +251,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6, help="RL steps per job in (b)")
     parser.add_argument("--env-seconds", type=float, default=0.25, help="the environment's grading latency in (b)")
     parser.add_argument("--service-modes", default="on,off", help="packing modes of (b): on, off")
+    parser.add_argument("--device", default="cpu", help="torch device of the engines and of (b)'s server: cpu or cuda")
     parser.add_argument("--floor", action="store_true", help="also print the compute floor of (b)'s work (engines alone)")
     args = parser.parse_args()
     if args.threads:
@@ -245,11 +260,11 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if not args.skip_engine:
         for key in args.models.split(","):
-            engine_bench(MODELS[key], args.rounds, tuple(args.sizes.split(",")))
+            engine_bench(MODELS[key], args.rounds, tuple(args.sizes.split(",")), args.device)
     if args.floor:
-        floor_bench(args.env_seconds)
+        floor_bench(args.env_seconds, device=args.device)
     if not args.skip_service:
-        service_bench(args.steps, args.env_seconds, tuple(args.service_modes.split(",")))
+        service_bench(args.steps, args.env_seconds, tuple(args.service_modes.split(",")), args.device)
 
 
 if __name__ == "__main__":

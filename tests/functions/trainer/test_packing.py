@@ -37,17 +37,17 @@ def requests():
     ]
 
 
-def fresh(files, max_tokens=8192, shared_bytes=1 << 30):
-    engine = TrainerEngine(files, max_padded_tokens=max_tokens, max_shared_pass_bytes=shared_bytes)
+def fresh(files, max_tokens=8192, shared_bytes=1 << 30, device="cpu"):
+    engine = TrainerEngine(files, device=device, max_padded_tokens=max_tokens, max_shared_pass_bytes=shared_bytes)
     for name, lora in MODELS.items():
         engine.create_adapter(name, lora)
     return engine
 
 
-def check_packed_equals_alone(files, max_tokens, shared_bytes=1 << 30):
-    alone = fresh(files, max_tokens)
+def check_packed_equals_alone(files, max_tokens, shared_bytes=1 << 30, device="cpu"):
+    alone = fresh(files, max_tokens, device=device)
     expected = [alone.forward_backward(r.model_id, r.batch, r.loss_fn, r.loss_fn_config, r.forward_only) for r in requests()]
-    packed = fresh(files, max_tokens, shared_bytes)
+    packed = fresh(files, max_tokens, shared_bytes, device)
     got = packed.forward_backward_many(requests())
     for want, have in zip(expected, got):
         assert have.metrics == want.metrics
