@@ -5,9 +5,14 @@ GPU); everywhere else they skip, so `make test` on a CPU machine collects and sk
 What must hold on the GPU:
 
 - LoRA and full fine-tuning steps agree with the same steps on the CPU (float32; TF32 off,
-  torch's default for matrix products), to float32 reduction-order tolerance;
-- packed passes: each model's results against its request alone on the same device, bitwise
-  where the device's kernels allow it (the check reports the largest difference if not);
+  torch's default for matrix products), to float32 reduction-order tolerance. After AdamW
+  steps a weight whose gradient is near zero can move by up to the learning rate either way
+  (Adam divides by the gradient's own size), so weights are held to "almost all within 5e-5,
+  every one within 2 x lr x steps" (measured on an H200: 1 of 1.2M LoRA elements outside 5e-5);
+- packed passes: each model's results against its request alone on the same device. Not
+  bitwise on CUDA: cuBLAS picks its kernels by row count, and the H200 run showed logprobs one
+  float32 ulp apart (-12.015105 against -12.015106). So here they are held to a tolerance;
+  on one CPU thread they are bitwise (tests/functions/trainer/test_packing.py);
 - parking frees the device copies and restores them bitwise, and training goes on as if
   never parked;
 - the sampler's prompt logprobs agree with the CPU engine's, base model and two adapters in
@@ -29,7 +34,7 @@ from functions.trainer.engine import TrainerEngine
 from functions.trainer.full import FullFinetuneEngine
 from openrl_core.params import AdamParams, LoraConfig, SamplingParams
 from tests.functions.trainer.conftest import sft_batch
-from tests.functions.trainer.test_packing import check_packed_equals_alone
+from tests.functions.trainer.test_packing import MODELS, fresh, requests
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (scripts/device-check)")
 
@@ -37,16 +42,25 @@ CUDA = "cuda"
 STEP = AdamParams(learning_rate=1e-3)
 
 
+def close_after_adam(have, want, lr, steps, what):
+    """Almost every element within 5e-5; any element at most the moves AdamW can make."""
+    difference = np.abs(np.asarray(have, np.float64) - np.asarray(want, np.float64))
+    assert difference.max() <= 2 * lr * steps, (what, float(difference.max()))
+    assert np.mean(difference > 5e-5) <= 1e-4, (what, int(np.sum(difference > 5e-5)), difference.size)
+
+
 def lora_steps(files, device, steps=3):
     engine = TrainerEngine(files, device=device)
     engine.create_adapter("m", LoraConfig(rank=8, seed=7))
-    losses, logprobs = [], []
+    losses, logprobs, first_gradients = [], [], None
     for step in range(steps):
         result = engine.forward_backward("m", sft_batch(step, [5, 17, 33]), "cross_entropy", None, False)
         losses.append(result.metrics["loss:sum"])
         logprobs.append(np.concatenate(result.logprobs))
+        if first_gradients is None:
+            first_gradients = engine.adapter_gradients("m")
         engine.optim_step("m", STEP)
-    return losses, logprobs, engine.adapter_weights("m")
+    return losses, logprobs, first_gradients, engine.adapter_weights("m")
 
 
 @pytest.mark.parametrize("model", ["tiny", "smol"])
@@ -56,8 +70,10 @@ def test_lora_steps_on_cuda_agree_with_the_cpu(model, tiny_files, smol_files):
     np.testing.assert_allclose(gpu[0], cpu[0], rtol=1e-4)
     for want, have in zip(cpu[1], gpu[1]):
         np.testing.assert_allclose(have, want, atol=2e-3)
-    for key, want in cpu[2].items():
-        np.testing.assert_allclose(gpu[2][key], want, atol=5e-5, err_msg=key)
+    for key, want in cpu[2].items():  # before any optimizer step: float32 reduction order only
+        np.testing.assert_allclose(gpu[2][key], want, atol=1e-3 * float(np.abs(want).max()) + 1e-9, err_msg=key)
+    for key, want in cpu[3].items():
+        close_after_adam(gpu[3][key], want, STEP.learning_rate, 3, key)
 
 
 def test_full_finetuning_steps_on_cuda_agree_with_the_cpu(tiny_files):
@@ -69,15 +85,31 @@ def test_full_finetuning_steps_on_cuda_agree_with_the_cpu(tiny_files):
         for step in range(3):
             losses.append(engine.forward_backward("m", sft_batch(step, [6, 14]), "cross_entropy", None, False).metrics["loss:sum"])
             engine.optim_step("m", STEP)
-        runs[device] = (losses, {k: p.detach().cpu() for k, p in engine._runs["m"].params.items()})
+        runs[device] = (losses, {k: p.detach().cpu().numpy() for k, p in engine._runs["m"].params.items()})
     np.testing.assert_allclose(runs[CUDA][0], runs["cpu"][0], rtol=1e-4)
     for key, want in runs["cpu"][1].items():
-        torch.testing.assert_close(runs[CUDA][1][key], want, atol=5e-5, rtol=0, msg=key)
+        close_after_adam(runs[CUDA][1][key], want, STEP.learning_rate, 3, key)
 
 
 @pytest.mark.parametrize("model", ["tiny", "smol"])
-def test_packed_passes_on_cuda_are_bitwise_alone(model, tiny_files, smol_files):
-    check_packed_equals_alone(tiny_files if model == "tiny" else smol_files, 8192, device=CUDA)
+def test_packed_passes_on_cuda_agree_with_each_request_alone(model, tiny_files, smol_files):
+    files = tiny_files if model == "tiny" else smol_files
+    alone, packed = fresh(files, device=CUDA), fresh(files, device=CUDA)
+    expected = [alone.forward_backward(r.model_id, r.batch, r.loss_fn, r.loss_fn_config, r.forward_only) for r in requests()]
+    got = packed.forward_backward_many(requests())
+    worst = 0.0
+    for want, have in zip(expected, got):
+        for key, value in want.metrics.items():
+            assert have.metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+        for x, y in zip(want.logprobs, have.logprobs):
+            worst = max(worst, float(np.abs(x - y).max()))
+            np.testing.assert_allclose(y, x, atol=1e-5)
+    for name in MODELS:
+        want, have = alone.adapter_gradients(name), packed.adapter_gradients(name)
+        for key in want:
+            np.testing.assert_allclose(have[key], want[key], atol=1e-4 * float(np.abs(want[key]).max()) + 1e-12, err_msg=f"{name} {key}")
+    assert not any(np.any(g) for g in packed.adapter_gradients("d").values()), "forward-only adds no gradient"
+    print(f"{model}: largest logprob difference, packed against alone: {worst:.3g}")
 
 
 def test_lora_parking_on_cuda_frees_the_device_and_restores_bitwise(tiny_files):
