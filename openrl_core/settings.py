@@ -221,6 +221,11 @@ class Settings(BaseSettings):
         40, ge=1, description="worker threads for the gateway's blocking work (store reads, appends): requests that "
         "wait on the store and the log side by side are group-committed together",
     )
+    gateway_inline_body_bytes: int = Field(
+        64 * 1024, ge=0, description="on a SQLite store, a training or create_model request up to this many body "
+        "bytes, of a tenant without quotas, is checked and queued on the gateway's event loop instead of in one of "
+        "its threads (0: always in a thread)",
+    )
     trainer_packing: bool = Field(
         True, description="run ready forward_backward requests of several LoRA models on one base model as shared "
         "passes (false: each model's requests in passes of their own)",

@@ -15,7 +15,17 @@ free at once, and the route awaits the write on the event loop. So submissions w
 slow log (a broker restarting) do not fill the gateway's threads and stall its reads. The
 client still sees its future only once the event is stored and on the log. A tenant with
 quotas is the exception: its check and append must run under the tenant's lock, which a
-thread holds, so it waits in the thread as before.
+thread holds, so it waits in the thread as before. A refused training request's
+`seq.skipped` event is deferred the same way, and its refusal raised once that is stored.
+
+On a SQLite store a small request (`gateway_inline_body_bytes`) of a tenant without quotas
+runs `fn` on the event loop itself: then nothing in it waits (its reads are local SQLite
+reads of a few tens of microseconds, its append is deferred), and the hop to a thread and
+back cost more than the work. Measured with the futures bench (16 clients, no-op worker):
+context switches per future 13 against 31-34, server CPU 1.3 against 1.5-1.7 ms per
+future, 789-814 against 641-688 futures/s. On PostgreSQL a read is a network round trip
+(and a connect can hang while the database is away), and a large body takes long to parse,
+so those stay in a thread, and so do quota tenants' submissions, which wait for their append.
 """
 
 from __future__ import annotations
@@ -53,11 +63,24 @@ class Later(Generic[T]):
 _deferring = threading.local()  # .loop: set while a gateway thread runs a `submitting` call
 
 
-async def submitting(ctx: GatewayContext, fn: Callable[..., Union[T, Later[T]]], *args) -> T:
+async def submitting(ctx: GatewayContext, fn: Callable[..., Union[T, Later[T]]], *args, tenant: str, body: bytes) -> T:
     """`await ctx.blocking(fn, *args)`, where the append of a `submit` in `fn` is awaited on
-    the loop instead of in the thread (module docstring)."""
-    done = await ctx.blocking(_run_deferring, asyncio.get_running_loop(), fn, args)
+    the loop instead of in the thread; `fn` runs on the loop when `runs_inline` (module docstring)."""
+    loop = asyncio.get_running_loop()
+    if runs_inline(ctx, tenant, body):
+        done = _run_deferring(loop, fn, args)
+    else:
+        done = await ctx.blocking(_run_deferring, loop, fn, args)
     return await done.result() if isinstance(done, Later) else done
+
+
+def runs_inline(ctx: GatewayContext, tenant: str, body: bytes) -> bool:
+    """Whether a submission's blocking part may run on the event loop (module docstring)."""
+    return (
+        len(body) <= ctx.settings.gateway_inline_body_bytes
+        and ctx.store.engine.dialect.name == "sqlite"
+        and not ctx.settings.quotas(tenant)[0].any
+    )
 
 
 def _run_deferring(loop: asyncio.AbstractEventLoop, fn: Callable, args: tuple):
@@ -102,8 +125,7 @@ def submit_sequenced(
         payload = build(request_id)
         quotas.check_fits_at_all(ctx, tenant, quotas.cost_of(payload))
     except UserError as refused:
-        refuse(ctx, tenant, model_id, base_model, seq_id, dedup, refused.detail, stream)
-        raise
+        return refuse(ctx, tenant, model_id, base_model, seq_id, dedup, refused, stream)
     return submit(ctx, tenant, event_type, payload, stream=stream, base_model=base_model, key=model_id, dedup=dedup, model_id=model_id)
 
 
@@ -151,9 +173,20 @@ def submit(
 
 
 def refuse(
-    ctx: GatewayContext, tenant: str, model_id: str, base_model: str, seq_id: int, dedup: Dedup, reason: str, stream: str = "training"
-) -> None:
-    """Record the refusal under the submission's identity and tell the trainer to skip it."""
-    skipped = SeqSkipped(model_id=model_id, seq_id=seq_id, reason=reason)
+    ctx: GatewayContext, tenant: str, model_id: str, base_model: str, seq_id: int, dedup: Dedup, refused: UserError, stream: str = "training"
+) -> "Later":
+    """Record the refusal under the submission's identity and tell the trainer to skip it;
+    then raise `refused` (inside `submitting`: a Later that raises it once the skip is stored)."""
+    skipped = SeqSkipped(model_id=model_id, seq_id=seq_id, reason=refused.detail)
     event = new_event(SEQ_SKIPPED, skipped, tenant=tenant, source=SOURCE, key=model_id)
-    ctx.emit(event, topics.topic(tenant, stream, ctx.models.canonical(base_model)), dedup.refused())
+    topic = topics.topic(tenant, stream, ctx.models.canonical(base_model))
+    loop = getattr(_deferring, "loop", None)
+    if loop is not None and getattr(_deferring, "made", None) is None:
+
+        def answer(_appended: object):
+            raise refused
+
+        _deferring.made = Later(ctx.appender.append_later(event, topic, dedup.refused(), loop), answer)
+        return _deferring.made
+    ctx.emit(event, topic, dedup.refused())
+    raise refused

@@ -167,8 +167,85 @@ def test_a_route_that_does_more_after_a_deferred_submit_is_a_loud_error(rig):
         return _optim_step(ctx, "alice", step(3))
 
     with pytest.raises(RuntimeError, match="must be what it returns"):
-        asyncio.run(submitting(ctx, answers_something_else))
+        asyncio.run(submitting(ctx, answers_something_else, tenant="alice", body=b""))
     with pytest.raises(RuntimeError, match="one deferred submit"):
-        asyncio.run(submitting(ctx, submits_twice))
-    answered = asyncio.run(submitting(ctx, _optim_step, ctx, "alice", step(4)))
+        asyncio.run(submitting(ctx, submits_twice, tenant="alice", body=b""))
+    answered = asyncio.run(submitting(ctx, _optim_step, ctx, "alice", step(4), tenant="alice", body=step(4)))
     assert answered.request_id  # and the thread's state was reset between calls
+
+
+def record_read_threads(ctx) -> list[str]:
+    """Names of the threads that read a training run for a submission."""
+    read, names = ctx.projections.run, []
+
+    def recorded(*args, **kwargs):
+        names.append(threading.current_thread().name)
+        return read(*args, **kwargs)
+
+    ctx.projections.run = recorded
+    return names
+
+
+@pytest.mark.parametrize("inline_bytes, in_a_gateway_thread", [(64 * 1024, False), (0, True), (8, True)])
+def test_a_small_submission_on_sqlite_runs_on_the_event_loop_and_a_large_one_in_a_thread(tmp_path, tiny_files, inline_bytes, in_a_gateway_thread):
+    """`gateway_inline_body_bytes`: up to that size a submission's check and queueing run on
+    the event loop (no hop to a thread); 0 turns it off, and a body over it goes to a thread."""
+    runtime, ctx, app = rig_for(tmp_path, gateway_inline_body_bytes=inline_bytes)
+    with TestClient(app) as client:
+        model_id = model_of(client)
+        names = record_read_threads(ctx)
+        answer = post(client, "/api/v1/optim_step", {"model_id": model_id, "seq_id": 1})
+        assert answer.status_code == 200
+        assert [name.startswith("gateway") for name in names] == [in_a_gateway_thread]
+        assert count(runtime, "optim_step.requested") == 1
+    runtime.close()
+
+
+def test_a_quota_tenants_submission_stays_in_a_thread(tmp_path, tiny_files):
+    runtime, ctx, app = rig_for(tmp_path, quota_requests_in_flight=100)
+    with TestClient(app) as client:
+        model_id = model_of(client)
+        names = record_read_threads(ctx)
+        assert post(client, "/api/v1/optim_step", {"model_id": model_id, "seq_id": 1}).status_code == 200
+        assert len(names) == 1 and names[0].startswith("gateway")
+    runtime.close()
+
+
+def test_a_refusal_is_answered_once_its_skip_is_stored_and_holds_no_thread(tmp_path, tiny_files):
+    """A refused training request consumes its seq_id: the 400 comes only after the trainer's
+    `seq.skipped` is stored and on the log, and while that write waits no thread is held."""
+    runtime, ctx, app = rig_for(tmp_path)
+    with TestClient(app) as client:
+        model_id = model_of(client)
+        names = record_read_threads(ctx)
+        gate, batches = gate_writes(ctx)
+        bad = {"model_id": model_id, "seq_id": 1, "optimizer_params": {"type": "sgd"}}
+        with ThreadPoolExecutor(2) as pool:
+            try:
+                refused = pool.submit(post, client, "/api/v1/optim_step", bad)
+                deadline = time.monotonic() + 10
+                while not batches and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                assert batches == [["ai.openrl.training.seq.skipped.v1"]]
+                time.sleep(0.1)
+                assert not refused.done()  # not answered before its skip is written
+                assert len(names) == 1 and not names[0].startswith("gateway")  # checked on the loop, which waits for nothing:
+                assert pool.submit(client.get, "/api/v1/healthz").result(5).status_code == 200  # it answers meanwhile
+            finally:
+                gate.set()
+            answer = refused.result(20)
+    assert answer.status_code == 400 and "sgd" in answer.json()["detail"]
+    assert count(runtime, "seq.skipped") == 1
+    runtime.close()
+
+
+@pytest.mark.postgres
+def test_on_postgresql_a_submission_runs_in_a_thread(tmp_path, tiny_files, pg_url):
+    """A PostgreSQL read is a network round trip (and hangs while the database is away): never on the loop."""
+    runtime, ctx, app = rig_for(tmp_path, database_url=pg_url)
+    with TestClient(app) as client:
+        model_id = model_of(client)
+        names = record_read_threads(ctx)
+        assert post(client, "/api/v1/optim_step", {"model_id": model_id, "seq_id": 1}).status_code == 200
+        assert len(names) == 1 and names[0].startswith("gateway")
+    runtime.close()
