@@ -201,8 +201,13 @@ def test_a_small_submission_on_sqlite_runs_on_the_event_loop_and_a_large_one_in_
     runtime.close()
 
 
-def test_a_quota_tenants_submission_stays_in_a_thread(tmp_path, tiny_files):
-    runtime, ctx, app = rig_for(tmp_path, quota_requests_in_flight=100)
+@pytest.mark.parametrize("case", ["quotas", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_quota_tenants_submission_and_any_on_postgresql_stay_in_a_thread(tmp_path, tiny_files, request, case):
+    """A quota tenant's submission waits for its append under the tenant's lock, and a
+    PostgreSQL read is a network round trip (which hangs while the database is away): neither
+    runs on the loop."""
+    settings = {"quota_requests_in_flight": 100} if case == "quotas" else {"database_url": request.getfixturevalue("pg_url")}
+    runtime, ctx, app = rig_for(tmp_path, **settings)
     with TestClient(app) as client:
         model_id = model_of(client)
         names = record_read_threads(ctx)
@@ -238,14 +243,3 @@ def test_a_refusal_is_answered_once_its_skip_is_stored_and_holds_no_thread(tmp_p
     assert count(runtime, "seq.skipped") == 1
     runtime.close()
 
-
-@pytest.mark.postgres
-def test_on_postgresql_a_submission_runs_in_a_thread(tmp_path, tiny_files, pg_url):
-    """A PostgreSQL read is a network round trip (and hangs while the database is away): never on the loop."""
-    runtime, ctx, app = rig_for(tmp_path, database_url=pg_url)
-    with TestClient(app) as client:
-        model_id = model_of(client)
-        names = record_read_threads(ctx)
-        assert post(client, "/api/v1/optim_step", {"model_id": model_id, "seq_id": 1}).status_code == 200
-        assert len(names) == 1 and names[0].startswith("gateway")
-    runtime.close()
