@@ -21,9 +21,9 @@ thread holds, so it waits in the thread as before. A refused training request's
 On a SQLite store a small request (`gateway_inline_body_bytes`) of a tenant without quotas
 runs `fn` on the event loop itself: then nothing in it waits (its reads are local SQLite
 reads of a few tens of microseconds, its append is deferred), and the hop to a thread and
-back cost more than the work. Measured with the futures bench (16 clients, no-op worker):
-context switches per future 13 against 31-34, server CPU 1.3 against 1.5-1.7 ms per
-future, 789-814 against 641-688 futures/s. On PostgreSQL a read is a network round trip
+back cost more than the work. Measured with the futures bench (16 clients, no-op worker,
+three pairs alternating with the thread hop): 748-763 against 620-668 futures/s, context
+switches per future 13 against 33-34, server CPU 1.3-1.4 against 1.6-1.7 ms per future. On PostgreSQL a read is a network round trip
 (and a connect can hang while the database is away), and a large body takes long to parse,
 so those stay in a thread, and so do quota tenants' submissions, which wait for their append.
 """
@@ -60,7 +60,7 @@ class Later(Generic[T]):
         return self.finish(await self.written)
 
 
-_deferring = threading.local()  # .loop: set while a gateway thread runs a `submitting` call
+_deferring = threading.local()  # .loop: set while a `submitting` call runs (in a gateway thread or on the loop)
 
 
 async def submitting(ctx: GatewayContext, fn: Callable[..., Union[T, Later[T]]], *args, tenant: str, body: bytes) -> T:
