@@ -8,7 +8,7 @@ waiting for one that will never come. The one exception is a quota refusal (429)
 retries it with the same seq_id, so it stores nothing and consumes nothing (see
 `functions/gateway/quotas.py`).
 
-`submitting(ctx, fn, *args)` runs a route's blocking part in a gateway thread the way
+`submitting(ctx, fn, tenant, body, *more)` runs a route's blocking part in a gateway thread the way
 `ctx.blocking` does, except that a `submit` inside it does not wait there for the append:
 the thread queues the event with the appender's writer (`GroupCommit.submit_later`) and is
 free at once, and the route awaits the write on the event loop. So submissions waiting on a
@@ -23,9 +23,10 @@ runs `fn` on the event loop itself: then nothing in it waits (its reads are loca
 reads of a few tens of microseconds, its append is deferred), and the hop to a thread and
 back cost more than the work. Measured with the futures bench (16 clients, no-op worker,
 three pairs alternating with the thread hop): 748-763 against 620-668 futures/s, context
-switches per future 13 against 33-34, server CPU 1.3-1.4 against 1.6-1.7 ms per future. On PostgreSQL a read is a network round trip
-(and a connect can hang while the database is away), and a large body takes long to parse,
-so those stay in a thread, and so do quota tenants' submissions, which wait for their append.
+switches per future 13 against 33-34, server CPU 1.3-1.4 against 1.6-1.7 ms per future.
+On PostgreSQL a read is a network round trip (and a connect can hang while the database is
+away), and a large body takes long to parse, so those stay in a thread, and so do quota
+tenants' submissions, which wait for their append.
 """
 
 from __future__ import annotations
@@ -63,10 +64,12 @@ class Later(Generic[T]):
 _deferring = threading.local()  # .loop: set while a `submitting` call runs (in a gateway thread or on the loop)
 
 
-async def submitting(ctx: GatewayContext, fn: Callable[..., Union[T, Later[T]]], *args, tenant: str, body: bytes) -> T:
-    """`await ctx.blocking(fn, *args)`, where the append of a `submit` in `fn` is awaited on
-    the loop instead of in the thread; `fn` runs on the loop when `runs_inline` (module docstring)."""
+async def submitting(ctx: GatewayContext, fn: Callable[..., Union[T, Later[T]]], tenant: str, body: bytes, *more) -> T:
+    """`await ctx.blocking(fn, ctx, tenant, body, *more)`, where the append of a `submit` in
+    `fn` is awaited on the loop instead of in the thread; `fn` runs on the loop when
+    `runs_inline` (module docstring)."""
     loop = asyncio.get_running_loop()
+    args = (ctx, tenant, body, *more)
     if runs_inline(ctx, tenant, body):
         done = _run_deferring(loop, fn, args)
     else:
@@ -161,12 +164,8 @@ def submit(
                 sequence_ids = [f"{first}:{i}" for i in range(len(sequence_ids))]
         return UntypedAPIFuture(request_id=first, model_id=model_id, sample_sequence_ids=sequence_ids)
 
-    loop = getattr(_deferring, "loop", None)
-    if loop is not None and not quotas.limited(ctx, tenant, cost):
-        if getattr(_deferring, "made", None) is not None:
-            raise RuntimeError("one deferred submit per `submitting` call: its Later is the route's answer")
-        _deferring.made = Later(ctx.appender.append_later(event, topic, dedup, loop), future)  # type: ignore[arg-type]
-        return _deferring.made
+    if not quotas.limited(ctx, tenant, cost) and (later := _deferred(ctx, event, topic, dedup, future)) is not None:
+        return later
     with quotas.admitted(ctx, tenant, cost, dedup):
         appended = ctx.emit(event, topic, dedup)
     return future(appended)
@@ -180,13 +179,24 @@ def refuse(
     skipped = SeqSkipped(model_id=model_id, seq_id=seq_id, reason=refused.detail)
     event = new_event(SEQ_SKIPPED, skipped, tenant=tenant, source=SOURCE, key=model_id)
     topic = topics.topic(tenant, stream, ctx.models.canonical(base_model))
-    loop = getattr(_deferring, "loop", None)
-    if loop is not None and getattr(_deferring, "made", None) is None:
 
-        def answer(_appended: object):
-            raise refused
+    def answer(_appended: object):
+        raise refused
 
-        _deferring.made = Later(ctx.appender.append_later(event, topic, dedup.refused(), loop), answer)
-        return _deferring.made
+    later = _deferred(ctx, event, topic, dedup.refused(), answer)
+    if later is not None:
+        return later
     ctx.emit(event, topic, dedup.refused())
     raise refused
+
+
+def _deferred(ctx: GatewayContext, event, topic: str, dedup: Optional[Dedup], finish: Callable[[object], T]) -> Optional[Later[T]]:
+    """Inside `submitting`: queue the append with the appender's writer and return the Later
+    the route answers with (one per call); elsewhere None, and the caller appends itself."""
+    loop = getattr(_deferring, "loop", None)
+    if loop is None:
+        return None
+    if getattr(_deferring, "made", None) is not None:
+        raise RuntimeError("one deferred submit per `submitting` call: its Later is the route's answer")
+    _deferring.made = Later(ctx.appender.append_later(event, topic, dedup, loop), finish)  # type: ignore[arg-type]
+    return _deferring.made

@@ -32,7 +32,7 @@ def _check_optimizer(config: dict | None) -> dict:
 @router.post("/create_model")
 async def create_model(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> UntypedAPIFuture:
     raw = await read_body(request, ctx.settings.max_request_bytes)
-    return await submitting(ctx, _create_model, ctx, tenant, raw, tenant=tenant, body=raw)
+    return await submitting(ctx, _create_model, tenant, raw)
 
 
 def _create_model(ctx: GatewayContext, tenant: str, raw: bytes) -> UntypedAPIFuture:
@@ -94,7 +94,7 @@ def resolve_checkpoint(ctx: GatewayContext, tenant: str, path: str):
 @router.post("/load_weights")
 async def load_weights(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> UntypedAPIFuture:
     raw = await read_body(request, ctx.settings.max_request_bytes)
-    return await submitting(ctx, _load_weights, ctx, tenant, raw, tenant=tenant, body=raw)
+    return await submitting(ctx, _load_weights, tenant, raw)
 
 
 def _load_weights(ctx: GatewayContext, tenant: str, raw: bytes) -> UntypedAPIFuture:

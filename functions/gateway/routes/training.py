@@ -69,7 +69,7 @@ def _unzstd(raw: bytes, limit: int) -> bytes:
 async def forward_backward(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> UntypedAPIFuture:
     """Protobuf (every SDK since 0.2x with `proto_write_fwdbwd`, always in 0.38) or JSON (older)."""
     raw = await _body(request, ctx)
-    return await submitting(ctx, _forward_backward, ctx, tenant, raw, request.headers.get("content-type", "").lower(), tenant=tenant, body=raw)
+    return await submitting(ctx, _forward_backward, tenant, raw, request.headers.get("content-type", "").lower())
 
 
 def _forward_backward(ctx: GatewayContext, tenant: str, raw: bytes, content_type: str) -> UntypedAPIFuture:
@@ -93,7 +93,7 @@ async def forward(request: Request, ctx: GatewayContext = Depends(get_ctx), tena
     seq_id of the model and runs in order with everything else.
     """
     raw = await _body(request, ctx)
-    return await submitting(ctx, _forward, ctx, tenant, raw, tenant=tenant, body=raw)
+    return await submitting(ctx, _forward, tenant, raw)
 
 
 def _forward(ctx: GatewayContext, tenant: str, raw: bytes) -> UntypedAPIFuture:
@@ -128,7 +128,7 @@ def _submit_forward_backward(
 @router.post("/optim_step")
 async def optim_step(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> UntypedAPIFuture:
     raw = await read_body(request, ctx.settings.max_request_bytes)
-    return await submitting(ctx, _optim_step, ctx, tenant, raw, tenant=tenant, body=raw)
+    return await submitting(ctx, _optim_step, tenant, raw)
 
 
 def _optim_step(ctx: GatewayContext, tenant: str, raw: bytes) -> UntypedAPIFuture:
@@ -146,7 +146,7 @@ def _optim_step(ctx: GatewayContext, tenant: str, raw: bytes) -> UntypedAPIFutur
 @router.post("/save_weights")
 async def save_weights(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> UntypedAPIFuture:
     raw = await read_body(request, ctx.settings.max_request_bytes)
-    return await submitting(ctx, _save_weights, ctx, tenant, raw, tenant=tenant, body=raw)
+    return await submitting(ctx, _save_weights, tenant, raw)
 
 
 def _save_weights(ctx: GatewayContext, tenant: str, raw: bytes) -> UntypedAPIFuture:
@@ -182,7 +182,7 @@ async def save_weights_for_sampler(
     request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)
 ) -> UntypedAPIFuture:
     raw = await read_body(request, ctx.settings.max_request_bytes)
-    return await submitting(ctx, _save_weights_for_sampler, ctx, tenant, raw, tenant=tenant, body=raw)
+    return await submitting(ctx, _save_weights_for_sampler, tenant, raw)
 
 
 def _save_weights_for_sampler(ctx: GatewayContext, tenant: str, raw: bytes) -> UntypedAPIFuture:

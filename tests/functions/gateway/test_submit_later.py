@@ -158,19 +158,19 @@ def test_a_route_that_does_more_after_a_deferred_submit_is_a_loud_error(rig):
     def step(seq: int) -> bytes:
         return json.dumps({"model_id": model_id, "seq_id": seq}).encode()
 
-    def answers_something_else():
+    def answers_something_else(*_args):
         _optim_step(ctx, "alice", step(1))
         return None
 
-    def submits_twice():
+    def submits_twice(*_args):
         _optim_step(ctx, "alice", step(2))
         return _optim_step(ctx, "alice", step(3))
 
     with pytest.raises(RuntimeError, match="must be what it returns"):
-        asyncio.run(submitting(ctx, answers_something_else, tenant="alice", body=b""))
+        asyncio.run(submitting(ctx, answers_something_else, "alice", b""))
     with pytest.raises(RuntimeError, match="one deferred submit"):
-        asyncio.run(submitting(ctx, submits_twice, tenant="alice", body=b""))
-    answered = asyncio.run(submitting(ctx, _optim_step, ctx, "alice", step(4), tenant="alice", body=step(4)))
+        asyncio.run(submitting(ctx, submits_twice, "alice", b""))
+    answered = asyncio.run(submitting(ctx, _optim_step, "alice", step(4)))
     assert answered.request_id  # and the thread's state was reset between calls
 
 
