@@ -17,8 +17,8 @@ import time
 
 import numpy as np
 import torch
+from packing import MODELS, synchronize
 
-MODELS = {"tiny": "openrl/tiny-qwen3", "smol": "HuggingFaceTB/SmolLM2-135M-Instruct"}
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # Host-side calls that wait for the device, by the names the profiler gives them.
 WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy", "cudaMemcpyAsync", "cudaEventSynchronize")
@@ -76,15 +76,13 @@ def profile(label: str, step, device: str, steps: int) -> None:
 
     for _ in range(2):  # warm-up: allocator, kernels chosen, lazy loads
         step()
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+    synchronize(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
     with torch_profile(activities=activities) as prof:
         started = time.perf_counter()
         for _ in range(steps):
             step()
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
+        synchronize(device)
         wall = (time.perf_counter() - started) / steps
     events = prof.key_averages()
     device_us = sum(e.self_device_time_total for e in events if getattr(e, "self_device_time_total", 0)) / steps

@@ -11,12 +11,7 @@ from eventing.blobs import BlobStore
 from eventing.codec import Codec
 from eventing.store import database
 from eventing.store.event_store import EventStore
-from openrl_core.events import new_event
-from openrl_core.events import sessions as se
-
-
-def created(sid: str):
-    return new_event(se.SESSION_CREATED, se.SessionCreated(session_id=sid), tenant="alice", source="/test", key=sid)
+from tests.eventing.test_appender import created
 
 
 def test_writers_in_one_process_never_meet_sqlites_busy_wait(tmp_path):

@@ -44,10 +44,10 @@ def fresh(files, max_tokens=8192, shared_bytes=1 << 30, device="cpu"):
     return engine
 
 
-def check_packed_equals_alone(files, max_tokens, shared_bytes=1 << 30, device="cpu"):
-    alone = fresh(files, max_tokens, device=device)
+def check_packed_equals_alone(files, max_tokens, shared_bytes=1 << 30):
+    alone = fresh(files, max_tokens)
     expected = [alone.forward_backward(r.model_id, r.batch, r.loss_fn, r.loss_fn_config, r.forward_only) for r in requests()]
-    packed = fresh(files, max_tokens, shared_bytes, device)
+    packed = fresh(files, max_tokens, shared_bytes)
     got = packed.forward_backward_many(requests())
     for want, have in zip(expected, got):
         assert have.metrics == want.metrics
