@@ -50,7 +50,7 @@ class ReplayReport:
         return self.events / self.seconds if self.seconds > 0 else float("inf")
 
 
-def rebuild(source: EventStore, target: EventStore, batch: int = 2000) -> tuple[int, float]:
+def rebuild(source: EventStore, target: EventStore, batch: int = 1000) -> tuple[int, float]:
     """Append every source event to `target` in order; returns (events, seconds).
 
     From PostgreSQL the next chunk's rows are fetched on a thread while this one is decoded

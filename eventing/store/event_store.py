@@ -165,7 +165,10 @@ class EventStore:
         return outcomes, finished
 
     def _prefetch(self, rows: Rows, items) -> None:
-        """Read, in one query per table, the rows the batch's fold will ask for."""
+        """Read, in one query per table, the rows the batch's fold will ask for. A fresh
+        `Rows` (a rebuild's) reads nothing: it already knows every row there is."""
+        if rows.fresh:
+            return
         rows.prefetch("submissions", [(event.tenant, dedup.key) for event, _t, dedup in items if dedup is not None])
         rows.prefetch("lease_fences", [(event.tenant, event.key) for event, _t, _d in items if _leased(event)])
         for table, field in _PREFETCH:

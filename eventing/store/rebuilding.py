@@ -19,13 +19,14 @@ young generation, and its collections found nothing to free but still cost about
 rebuild (20,000 events on SQLite, alternating: 11,116 against 10,389 events/s). Reference
 counting still frees everything as usual.
 
-On SQLite the rebuild writes through one connection of its own with WAL checkpoints off,
-and checkpoints once at the end: every batch's commit otherwise copied its pages into the
-database and synced it (about a tenth of a rebuild on this machine's disk).
-
-On PostgreSQL a batch's writes (COPY for its inserts) are sent by a thread while the next
-batch is read and folded (`_Writer`); batches still commit one at a time and in order, and
-one that fails because another writer stored a row first is appended again on the live path.
+A batch's writes are made ready to send (`DeferredWrites`) and sent while the next batch
+is read and folded; batches still commit one at a time and in order, and one that fails
+because another writer stored a row first is appended again on the live path. Into a
+PostgreSQL store a thread sends them (COPY for its inserts; `_Writer`): the server does the
+work while the thread waits with the GIL released. Into a SQLite file a process of its own
+does (`sqlite_writer`): SQLite's work is the writing process's own, and a thread would hold
+the GIL at every row. A SQLite database that is not a file (in memory) is written in this
+process, with WAL checkpoints off until the end.
 
 The rows kept are bounded (`keep`): past it they are dropped after a batch's commit and later
 batches read from the database as the live path does, which is slower, never different.
@@ -34,14 +35,16 @@ batches read from the database as the live path does, which is slower, never dif
 from __future__ import annotations
 
 import gc
+import sqlite3
 import threading
 from typing import Optional
 
 from sqlalchemy import func, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from eventing.dedup import Dedup
 from eventing.store import tables as t
+from eventing.store.sqlite_writer import SqliteWriter
 from eventing.store.unit_of_work import DeferredWrites, Rows, copy_context
 from openrl_core.events import Event
 
@@ -58,12 +61,19 @@ class _Writer:
     (`DeferredWrites`), so the thread holds the GIL only briefly, and batches still commit
     one at a time, in order."""
 
-    def __init__(self) -> None:
+    def __init__(self, conn) -> None:
+        self._conn = conn
         self._thread: Optional[threading.Thread] = None
         self._batch = None
         self._error: Optional[BaseException] = None
 
-    def start(self, conn, writes: DeferredWrites, batch) -> None:
+    def writes(self) -> DeferredWrites:
+        """An empty batch of writes to fold into, its COPY rows formatted as they come."""
+        return DeferredWrites(self._conn.dialect, copy_context(self._conn))
+
+    def start(self, writes: DeferredWrites, batch) -> None:
+        conn = self._conn
+
         def run() -> None:
             try:
                 with conn.begin():
@@ -83,6 +93,46 @@ class _Writer:
         self._thread = None
         return self._batch, self._error
 
+    def close(self, failed: bool = False) -> None:
+        """Nothing to end: the connection is the rebuilder's."""
+
+
+class _ProcessWriter:
+    """`_Writer`'s part for a SQLite file: one batch's writes in flight in the writer process
+    (`sqlite_writer`), its error handed back as SQLAlchemy's (a unique violation as
+    IntegrityError), as from a statement run here. The process checkpoints the WAL when it
+    has nothing else to do, and once more, truncating it, at `close`."""
+
+    def __init__(self, path: str, dialect) -> None:
+        self._dialect = dialect
+        self._process = SqliteWriter(path)
+        self._batch = None
+        self._in_flight = False
+
+    def writes(self) -> DeferredWrites:
+        return DeferredWrites(self._dialect)
+
+    def start(self, writes: DeferredWrites, batch) -> None:
+        self._process.send(writes.statements())
+        self._batch, self._in_flight = batch, True
+
+    def wait(self):
+        if not self._in_flight:
+            return None
+        self._in_flight = False
+        failure = self._process.receive()
+        if failure is None:
+            return self._batch, None
+        name, message = failure
+        cause = getattr(sqlite3, name, sqlite3.Error)(message)
+        return self._batch, DBAPIError.instance("a rebuild's batch of writes", None, cause, sqlite3.Error, dialect=self._dialect)
+
+    def close(self, failed: bool = False) -> None:
+        if failed:
+            self._process.abort()
+        else:
+            self._process.finish()
+
 
 class Rebuilder:
     def __init__(self, store, keep: int = KEEP) -> None:
@@ -94,19 +144,26 @@ class Rebuilder:
         self._known: Optional[set[str]] = set() if fresh else None  # ids stored, while fresh
         self._froze = False
         self._collecting: Optional[bool] = None  # whether the collector was on before the first batch
-        self._conn = None  # the rebuild's own connection (SQLite: checkpointing once at the end)
-        self._writer = _Writer()
-        self._copy_context = None  # PostgreSQL: formats a batch's COPY rows without the connection
+        self._conn = None  # the rebuild's own connection (PostgreSQL, SQLite in memory)
+        self._writer = None  # what sends a batch's writes behind the next fold (`_writer_behind`)
 
     def _connection(self):
         if self._conn is None:
             self._conn = self.store.engine.connect()
-            if self._conn.dialect.name == "sqlite":
+            if self._conn.dialect.name == "sqlite":  # in memory: checkpointed once, at the end
                 self._conn.exec_driver_sql("PRAGMA wal_autocheckpoint=0")
                 self._conn.commit()
-            elif self._conn.dialect.name == "postgresql":  # made here, before any writer thread uses the connection
-                self._copy_context = copy_context(self._conn)
         return self._conn
+
+    def _writer_behind(self):
+        """`_Writer` (PostgreSQL), `_ProcessWriter` (a SQLite file), or None: written here."""
+        if self._writer is None:
+            engine = self.store.engine
+            if engine.dialect.name == "postgresql":
+                self._writer = _Writer(self._connection())
+            elif engine.dialect.name == "sqlite" and engine.url.database not in (None, "", ":memory:"):
+                self._writer = _ProcessWriter(engine.url.database, engine.dialect)
+        return self._writer
 
     @property
     def fresh(self) -> bool:
@@ -115,9 +172,9 @@ class Rebuilder:
 
     def append(self, events: list[tuple[Event, Optional[Dedup]]], packed: Optional[list] = None) -> int:
         """Append `events` in one transaction; how many were new. `packed`: per event its
-        (data, claim) as the source stored it, or None to encode it here. On PostgreSQL the
-        transaction may still be in flight on return (see `_Writer`); the next call, `settle`
-        and `close` wait for it."""
+        (data, claim) as the source stored it, or None to encode it here. The transaction may
+        still be in flight on return (see `_Writer`); the next call, `settle` and `close`
+        wait for it."""
         if not self.fresh:
             return self.settle() + self.store.append_batch(events)
         if self._collecting is None:
@@ -126,9 +183,10 @@ class Rebuilder:
         items = [(event, None, dedup) for event, dedup in events]
         if packed is not None:  # a claim-checked payload lives in the source's blob store: encoded again into ours
             packed = [pair if pair is not None and pair[1] is None else None for pair in packed]
+        writer = self._writer_behind()
+        if writer is not None:
+            return self._append_behind(writer, events, items, packed)
         conn = self._connection()
-        if conn.dialect.name == "postgresql":
-            return self._append_behind(conn, events, items, packed)
         try:
             with conn.begin():
                 outcomes, finished = self.store._fold_batch(conn, items, True, rows=self._rows, known=self._known, packed=packed)
@@ -144,10 +202,10 @@ class Rebuilder:
         self._after_batch()
         return sum(outcome.stored for outcome in outcomes)
 
-    def _append_behind(self, conn, events, items, packed) -> int:
-        """PostgreSQL: fold the batch here, then hand its writes to a thread once the batch
-        before has committed, and return while the server works on them (see `_Writer`)."""
-        writes = DeferredWrites(conn.dialect, self._copy_context)
+    def _append_behind(self, writer, events, items, packed) -> int:
+        """Fold the batch here, then hand its writes to the writer once the batch before has
+        committed, and return while they are written (see `_Writer`)."""
+        writes = writer.writes()
         try:
             outcomes, finished = self.store._fold_batch(writes, items, True, rows=self._rows, known=self._known, packed=packed)
         except BaseException:
@@ -158,7 +216,7 @@ class Rebuilder:
         correction = self.settle()
         if not self.fresh:  # the batch before could not be written as folded: this fold assumed it was
             return correction + self.store.append_batch(events)
-        self._writer.start(conn, writes, (events, finished, stored))
+        writer.start(writes, (events, finished, stored))
         self._after_batch()
         return correction + stored
 
@@ -166,7 +224,7 @@ class Rebuilder:
         """Wait for the batch in flight. If a row another writer stored first made it fail,
         it is appended again on the live path, the rows kept are dropped, and the difference
         in new events against what `append` said is returned; any other failure is raised."""
-        done = self._writer.wait()
+        done = self._writer.wait() if self._writer is not None else None
         if done is None:
             return 0
         (events, finished, stored), error = done
@@ -193,25 +251,32 @@ class Rebuilder:
     def close(self) -> None:
         """Wait for the batch in flight, checkpoint the SQLite WAL once, and hand what the
         batches froze back to the garbage collector."""
+        failed = True
         try:
             self.settle()
+            failed = False
         finally:
-            self._release()
+            self._release(failed)
 
-    def _release(self) -> None:
-        if self._conn is not None:
-            if self._conn.dialect.name == "sqlite":
-                self._conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
-                self._conn.exec_driver_sql("PRAGMA wal_autocheckpoint=1000")
-                self._conn.commit()
-            self._conn.close()
-            self._conn = None
-        if self._froze:
-            gc.unfreeze()
-            self._froze = False
-        if self._collecting:
-            gc.enable()
-        self._collecting = None
+    def _release(self, failed: bool) -> None:
+        try:
+            if self._writer is not None:
+                self._writer.close(failed)
+                self._writer = None
+        finally:
+            if self._conn is not None:
+                if self._conn.dialect.name == "sqlite":
+                    self._conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+                    self._conn.exec_driver_sql("PRAGMA wal_autocheckpoint=1000")
+                    self._conn.commit()
+                self._conn.close()
+                self._conn = None
+            if self._froze:
+                gc.unfreeze()
+                self._froze = False
+            if self._collecting:
+                gc.enable()
+            self._collecting = None
 
     def _drop(self) -> None:
         self._rows, self._known = None, None

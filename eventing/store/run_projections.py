@@ -31,7 +31,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Optional
 
-from eventing.store.projections import _future, _insert_run, _touch_run, _upsert_checkpoint, handles
+from eventing.store.projections import _STATES, _future, _insert_run, _touch_run, _upsert_checkpoint, handles
 from eventing.store.unit_of_work import Rows, utc
 from openrl_core.events import Event
 from openrl_core.events import training as training_events
@@ -62,7 +62,7 @@ def _step_progress(rows: Rows, event: Event) -> None:
     if request is not None:
         state, model_id, requested = request["state"], request["model_id"], utc(request["created_at"])
     _future(rows, event)
-    if request is None or is_terminal(FutureState(state)):
+    if request is None or is_terminal(_STATES[state]):
         return  # unknown, or already ended (a redelivery, or a cancelled run's late work)
     details = event.data.details or {}
     metrics = event.data.result.get("metrics") or {}

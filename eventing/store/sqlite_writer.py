@@ -1,0 +1,168 @@
+"""A rebuild's SQLite writes in a process of their own: batches of statements in, one answer
+per batch out, each batch one transaction, committed in the order sent.
+
+Why a process: Python's sqlite3 gives the GIL up around every row it steps and has to take it
+back for the next row's parameters, so a writer thread beside a busy fold waits for the GIL
+at every row (the switch interval, 5 ms) and writes slower than the fold it was to overlap.
+A process has a GIL of its own: on SQLite a rebuild's inserts, commits and WAL checkpoints
+(about a third of its time, measured) then run on the second core while the next batch is
+read and folded. The statements arrive with their parameters already through SQLAlchemy's
+bind processors (`DeferredWrites`), as plain values, so this side needs only the standard
+library and starts in a few tens of milliseconds.
+
+The wire, both ways: pickles, one after another. Parent to child: a batch, a
+list of (sql, rows) to `executemany` in one transaction, or `FINISH`, which checkpoints the
+WAL (truncating it) and ends the child. Child to parent, per message: None when it committed,
+else (the sqlite3 exception's class name, its message); a failed batch is rolled back whole
+and the child waits for the next one. The parent's end of the pipe closing (the parent died
+or gave up) rolls back whatever is open and ends the child: nothing half-written is committed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import pickle
+import sqlite3
+import subprocess
+import sys
+from typing import BinaryIO, Optional
+
+FINISH = "finish"
+_PIPE_BYTES = 1 << 20
+
+
+def _bytes(view: memoryview):
+    return bytes, (view.tobytes(),)
+
+
+# SQLAlchemy hands SQLite a BLOB as a memoryview (sqlite3.Binary), which pickle refuses;
+# it goes as the bytes it views, which sqlite3 stores as the same BLOB.
+_REDUCERS = {memoryview: _bytes}
+
+
+def _widen(stream: BinaryIO) -> None:
+    """A batch is megabytes (its events' payloads): through a pipe of the default 64 KiB the
+    parent's write waits for the child's read every 64 KiB, two context switches each."""
+    try:
+        fcntl.fcntl(stream.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+    except (AttributeError, OSError):
+        pass  # not Linux, or over the system's pipe-max-size: the default pipe works, slower
+
+
+def _send(stream: BinaryIO, message) -> None:
+    """Pickled straight into the pipe: the child unpickles a batch's first frames while the
+    last are pickled here (pickle frames its stream in 64 KiB pieces), and no copy of the
+    whole batch is made on either side."""
+    pickler = pickle.Pickler(stream, protocol=pickle.HIGHEST_PROTOCOL)
+    pickler.dispatch_table = _REDUCERS
+    pickler.dump(message)
+    stream.flush()
+
+
+def _receive(stream: BinaryIO):
+    """The next message, or EOFError once the other end has closed."""
+    return pickle.load(stream)
+
+
+class SqliteWriter:
+    """The parent's side: `send` a batch, `receive` its answer (one batch in flight at a time
+    is the caller's rule), `finish` once done, `abort` on the way out of a failure."""
+
+    def __init__(self, path: str, busy_timeout_ms: int = 30_000) -> None:
+        # -I: the child imports only the standard library, nothing of the caller's environment.
+        self._process = subprocess.Popen(
+            [sys.executable, "-I", __file__, path, str(busy_timeout_ms)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        _widen(self._process.stdin)
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    def send(self, statements: list[tuple[str, list]]) -> None:
+        try:
+            _send(self._process.stdin, statements)
+        except BrokenPipeError:
+            raise self._gone() from None
+
+    def receive(self) -> Optional[tuple[str, str]]:
+        """None: the batch sent last is committed; else (sqlite3 error class, message)."""
+        try:
+            return _receive(self._process.stdout)
+        except EOFError:
+            raise self._gone() from None
+
+    def finish(self) -> None:
+        """Checkpoint the WAL into the database and end the child."""
+        self.send(FINISH)  # type: ignore[arg-type]
+        failure = self.receive()
+        self._close()
+        if failure is not None:
+            raise RuntimeError(f"the rebuild's SQLite writer could not checkpoint: {failure[0]}: {failure[1]}")
+
+    def abort(self) -> None:
+        """End the child without committing anything more (an open batch rolls back)."""
+        self._close()
+
+    def _close(self) -> None:
+        for stream in (self._process.stdin, self._process.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass  # the child is already gone
+        try:
+            self._process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+
+    def _gone(self) -> RuntimeError:
+        code = self._process.wait()
+        return RuntimeError(f"the rebuild's SQLite writer (pid {self._process.pid}) exited with code {code}")
+
+
+def serve(path: str, busy_timeout_ms: int, inbox: BinaryIO, outbox: BinaryIO) -> None:
+    """The child's side (see the module docstring)."""
+    conn = sqlite3.connect(path, isolation_level=None, timeout=busy_timeout_ms / 1000)
+    try:
+        conn.execute("PRAGMA synchronous=NORMAL")  # as the store's own connections (database.make_engine)
+        while True:
+            try:
+                message = _receive(inbox)
+            except EOFError:
+                return  # the parent went away: an open transaction is rolled back by the close
+            if message == FINISH:
+                _send(outbox, _answer(lambda: conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()))
+                return
+            _send(outbox, _answer(lambda: _write(conn, message)))
+    finally:
+        conn.close()
+
+
+def _write(conn: sqlite3.Connection, statements: list[tuple[str, list]]) -> None:
+    # IMMEDIATE: the write lock is taken (or waited for) at the start, never by an upgrade.
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        cursor = conn.cursor()
+        for sql, rows in statements:
+            if len(rows) == 1:
+                cursor.execute(sql, rows[0])
+            else:
+                cursor.executemany(sql, rows)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _answer(work) -> Optional[tuple[str, str]]:
+    try:
+        work()
+    except sqlite3.Error as exc:
+        return type(exc).__name__, str(exc)
+    return None
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1], int(sys.argv[2]), sys.stdin.buffer, sys.stdout.buffer)
