@@ -21,10 +21,12 @@ or gave up) rolls back whatever is open and ends the child: nothing half-written
 from __future__ import annotations
 
 import fcntl
+import io
 import pickle
 import sqlite3
 import subprocess
 import sys
+import threading
 from typing import BinaryIO, Optional
 
 FINISH = "finish"
@@ -49,19 +51,25 @@ def _widen(stream: BinaryIO) -> None:
         pass  # not Linux, or over the system's pipe-max-size: the default pipe works, slower
 
 
-def _send(stream: BinaryIO, message) -> None:
-    """Pickled straight into the pipe: the child unpickles a batch's first frames while the
-    last are pickled here (pickle frames its stream in 64 KiB pieces), and no copy of the
-    whole batch is made on either side."""
-    pickler = pickle.Pickler(stream, protocol=pickle.HIGHEST_PROTOCOL)
+def _dumps(message) -> bytes:
+    buffer = io.BytesIO()
+    pickler = pickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
     pickler.dispatch_table = _REDUCERS
     pickler.dump(message)
+    return buffer.getvalue()
+
+
+def _send(stream: BinaryIO, message) -> None:
+    stream.write(_dumps(message))
     stream.flush()
 
 
 def _receive(stream: BinaryIO):
-    """The next message, or EOFError once the other end has closed."""
-    return pickle.load(stream)
+    """The next message (pickles delimit themselves); EOFError once the other end has closed."""
+    try:
+        return pickle.load(stream)
+    except pickle.UnpicklingError as exc:  # cut off in the middle
+        raise EOFError from exc
 
 
 class SqliteWriter:
@@ -74,19 +82,39 @@ class SqliteWriter:
             [sys.executable, "-I", __file__, path, str(busy_timeout_ms)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
         )
         _widen(self._process.stdin)
+        self._sending: Optional[threading.Thread] = None
+        self._send_error: Optional[OSError] = None
 
     @property
     def pid(self) -> int:
         return self._process.pid
 
     def send(self, statements: list[tuple[str, list]]) -> None:
+        """Pickled here, written by a thread: a batch is megabytes, more than the pipe holds,
+        so its write waits on the child's reading, and a thread waits with the GIL released
+        while this one folds the next batch."""
+        self._wait_sent()
+        data = _dumps(statements)
+        self._sending = threading.Thread(target=self._write, args=(data,), name="rebuild-writer-pipe", daemon=True)
+        self._sending.start()
+
+    def _write(self, data: bytes) -> None:
         try:
-            _send(self._process.stdin, statements)
-        except BrokenPipeError:
-            raise self._gone() from None
+            self._process.stdin.write(data)
+            self._process.stdin.flush()
+        except OSError as exc:  # the child is gone: said by `receive`
+            self._send_error = exc
+
+    def _wait_sent(self) -> None:
+        if self._sending is not None:
+            self._sending.join()
+            self._sending = None
+        if self._send_error is not None:
+            raise self._gone() from self._send_error
 
     def receive(self) -> Optional[tuple[str, str]]:
         """None: the batch sent last is committed; else (sqlite3 error class, message)."""
+        self._wait_sent()
         try:
             return _receive(self._process.stdout)
         except EOFError:
@@ -94,14 +122,17 @@ class SqliteWriter:
 
     def finish(self) -> None:
         """Checkpoint the WAL into the database and end the child."""
-        self.send(FINISH)  # type: ignore[arg-type]
+        self._wait_sent()
+        _send(self._process.stdin, FINISH)
         failure = self.receive()
         self._close()
         if failure is not None:
             raise RuntimeError(f"the rebuild's SQLite writer could not checkpoint: {failure[0]}: {failure[1]}")
 
     def abort(self) -> None:
-        """End the child without committing anything more (an open batch rolls back)."""
+        """End the child at once: a batch it has not committed never is (SQLite's commit is
+        atomic), and a write to it still going on ends with the pipe."""
+        self._process.kill()
         self._close()
 
     def _close(self) -> None:
@@ -115,6 +146,9 @@ class SqliteWriter:
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait()
+        if self._sending is not None:
+            self._sending.join()
+            self._sending = None
 
     def _gone(self) -> RuntimeError:
         code = self._process.wait()

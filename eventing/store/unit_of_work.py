@@ -18,6 +18,7 @@ writes only the columns it changed, so two processes updating different columns 
 from __future__ import annotations
 
 import functools
+import operator
 from datetime import datetime, timezone
 from typing import Any, Iterable, Optional
 
@@ -42,8 +43,18 @@ _COLUMN_SETS = {name: frozenset(columns) for name, columns in _COLUMNS.items()}
 _DATETIMES = {name: [c.name for c in table.columns if isinstance(c.type, DateTime)] for name, table in TABLES.items()}
 
 
+def _key_getter(columns: list[str]):
+    if len(columns) == 1:
+        column = columns[0]
+        return lambda row: (row[column],)
+    return operator.itemgetter(*columns)  # a tuple already, for two columns or more
+
+
+_KEY_OF = {name: _key_getter(columns) for name, columns in _PRIMARY.items()}
+
+
 def key_of(table: str, row: Row) -> Key:
-    return tuple(row[c] for c in _PRIMARY[table])
+    return _KEY_OF[table](row)
 
 
 def _matches(row: Row, equal: dict) -> bool:
@@ -573,11 +584,12 @@ class Rows:
             raise KeyError(f"{table} has no columns {sorted(unknown)}")
         row = dict.fromkeys(_COLUMNS[table])
         row.update(values)
-        key = key_of(table, row)
-        if key not in self._rows[table] and not fresh:
+        key = _KEY_OF[table](row)
+        cache = self._rows[table]
+        if key not in cache and not fresh and not self.fresh:  # (a fresh Rows knows every stored row)
             self.prefetch(table, [key])  # whether the database holds it decides insert or update
-        self._rows[table][key] = row
-        self._changed[table][key] = set(_COLUMN_SETS[table])
+        cache[key] = row
+        self._changed[table][key] = _COLUMN_SETS[table]  # every column: shared, never added to (see `update`)
         self._track(table, key, row)
         return row
 
@@ -586,13 +598,18 @@ class Rows:
         row = self.get(table, *key)
         if row is None:
             return None
-        changed = self._changed[table].setdefault(key, set())
+        changes = self._changed[table]
+        changed = changes.get(key)
+        if changed is None:
+            changed = changes[key] = set()
+        every = changed is _COLUMN_SETS[table]  # inserted whole: every column is written already
         for column, value in values.items():
             if column not in row:
                 raise KeyError(f"{table} has no column {column!r}")
             if row[column] != value or type(row[column]) is not type(value):  # 1 == 1.0 == True, yet not the same value
                 row[column] = value
-                changed.add(column)
+                if not every:
+                    changed.add(column)
         if changed:
             self._track(table, key, row)
         return row
