@@ -484,6 +484,7 @@ class Rows:
         # column, group column) -> group value -> key of the top row (None: no row). A run's
         # step asks for its latest step on every training completion.
         self._tops: dict[str, dict[tuple[str, str], dict[Any, Optional[Key]]]] = {name: {} for name in TABLES}
+        self._indexed: set[tuple[str, str, str]] = set()  # (table, column, group) whose `_tops` hold every group (fresh only)
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -536,19 +537,39 @@ class Rows:
         pending = sorted({v for v in values if v not in tops})
         if not pending:
             return
+        if self.fresh:
+            self._index_tops(table, column, group, tops)
+            for value in pending:
+                tops.setdefault(value, None)  # every row is known here: a group not indexed has none
+            return
         query = _top_rows(table, column, group, len(pending))
         for value in pending:  # rows this transaction already knows count too
             tops[value] = max(
                 (key for key, row in self._rows[table].items() if row is not None and row[group] == value),
                 key=lambda key: self._rows[table][key][column], default=None,
             )  # fmt: skip
-        if self.fresh:
-            return
         sql, names, compiled = _driver_sql(self.conn.dialect, query)
         params = compiled.construct_params({f"b_group_{i}": value for i, value in enumerate(pending)})
         raw = driver_rows(self.conn, sql, tuple(params[name] for name in names) if names is not None else params)
         for row in _reader(self.conn.dialect, table).rows(*raw):
             self._remember(table, row)
+
+    def _index_tops(self, table: str, column: str, group: str, tops: dict) -> None:
+        """A fresh Rows, the first time it is asked for a (column, group)'s latest: the top
+        row of every group it holds, found in one pass, and from then on `_track` keeps every
+        group's answer, new groups too. (Asked group by group, as a rebuild's first step of
+        each run asks, a pass per group over a long history's steps grew with the runs times
+        the steps: about a tenth of a 100,000-event rebuild.)"""
+        index = (table, column, group)
+        if index in self._indexed:
+            return
+        self._indexed.add(index)
+        cache = self._rows[table]
+        for key, row in cache.items():
+            if row is not None:
+                current = tops.get(row[group])
+                if current is None or cache[current][column] <= row[column]:
+                    tops[row[group]] = key
 
     def known(self) -> int:
         """How many rows (and known absences) this Rows holds."""
@@ -562,6 +583,8 @@ class Rows:
                 current = tops[value]
                 if current is None or self._rows[table][current][column] <= row[column]:
                     tops[value] = key
+            elif (table, column, group) in self._indexed:  # every group's answer is kept: this one's first row
+                tops[value] = key
 
     def _remember(self, table: str, record) -> None:
         """`record`: a row as a dict, or as SQLAlchemy gives it."""
