@@ -6,6 +6,7 @@ can write without "database is locked"; PostgreSQL (distributed) needs nothing s
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pydantic_core
@@ -20,8 +21,13 @@ def json_text(value) -> str:
     per token), and `json.dumps` spent about 30 us on such a result where pydantic's Rust
     serializer takes 6 (a tenth of a replay's fold went to it). Its text is compact and
     UTF-8 rather than `json.dumps`'s, and reads back through `json.loads` as the same value,
-    NaN and the infinities included (written as `json.dumps` writes them)."""
-    return pydantic_core.to_json(value, inf_nan_mode="constants").decode()
+    NaN and the infinities included (written as `json.dumps` writes them). What it cannot
+    write as UTF-8 (a lone surrogate in a string) goes through `json.dumps`, which escapes it.
+    Keys are strings in every JSON column here (they come from JSON, or are metric names)."""
+    try:
+        return pydantic_core.to_json(value, inf_nan_mode="constants").decode()
+    except pydantic_core.PydanticSerializationError:
+        return json.dumps(value)
 
 
 def make_engine(url: str) -> Engine:

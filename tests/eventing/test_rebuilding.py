@@ -19,6 +19,7 @@ from eventing.replay import diff, rebuild, rebuild_from_events
 from eventing.store import database, event_store, tables
 from eventing.store import unit_of_work as uow
 from eventing.store.event_store import Dedup, EventStore
+from eventing.store.sqlite_writer import SqliteWriter
 from eventing.store.unit_of_work import DeferredWrites
 from eventing.store.queries import Projections
 from openrl_core.events import new_event
@@ -305,3 +306,66 @@ def test_copy_rows_go_as_utf8_whatever_the_targets_client_encoding(tmp_path):
         assert row["display_name"] == "ünïcødé, tab\there \\ ñ" and row["tags"] == ["ünïcødé"]  # a text column, and JSON
         target.engine.dispose()
         live_store.engine.dispose()
+
+
+def test_into_a_sqlite_file_the_writes_go_to_a_process_of_their_own(live, tmp_path, monkeypatch):
+    """Every batch is sent to the writer process, none is written on a connection here, and
+    the process has ended once the rebuild returns."""
+    live_store, projections = live
+    target, rebuilt = fresh(tmp_path, "rebuilt.db")
+    writers, sent, ran_here = [], [], []
+    real_init, real_send = SqliteWriter.__init__, SqliteWriter.send
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        writers.append(self)
+
+    def send(self, statements):
+        sent.append(len(statements))
+        return real_send(self, statements)
+
+    monkeypatch.setattr(SqliteWriter, "__init__", init)
+    monkeypatch.setattr(SqliteWriter, "send", send)
+    monkeypatch.setattr(DeferredWrites, "run", lambda self, conn: ran_here.append(1))
+    assert rebuild(live_store, target, batch=4)[0] == 30
+    assert len(writers) == 1 and len(sent) == 8 and all(sent) and not ran_here  # 30 events in batches of 4
+    assert writers[0]._process.returncode == 0
+    assert diff(projections, rebuilt) == []
+
+
+def test_a_killed_sqlite_writer_is_raised_and_the_batches_before_it_stay_whole(live, tmp_path, monkeypatch):
+    live_store, _projections = live
+    target, _rebuilt = fresh(tmp_path, "rebuilt.db")
+    real_send, writers = SqliteWriter.send, []
+
+    def send(self, statements):
+        writers.append(self)
+        if len(writers) == 3:  # the writer dies before the third batch reaches it
+            self._process.kill()
+            self._process.wait()
+        return real_send(self, statements)
+
+    monkeypatch.setattr(SqliteWriter, "send", send)
+    with pytest.raises(RuntimeError, match="exited with code -9"):
+        rebuild(live_store, target, batch=4)
+    assert writers[0]._process.returncode == -9
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    with target.engine.connect() as conn:  # the two batches before the failure, whole
+        written = conn.execute(select(tables.events.c.id).order_by(tables.events.c.position)).scalars().all()
+    assert written == [e.id for _, e, _d in live_store.read_with_dedup(0, 8)]
+
+
+def test_into_sqlite_in_memory_the_writes_stay_in_this_process(live, tmp_path, monkeypatch):
+    from sqlalchemy import create_engine
+    from sqlalchemy.pool import StaticPool
+
+    from eventing.blobs import BlobStore
+    from eventing.codec import Codec
+
+    live_store, projections = live
+    engine = create_engine("sqlite://", poolclass=StaticPool, connect_args={"check_same_thread": False})
+    database.upgrade(engine)
+    target = EventStore(engine, Codec(BlobStore(tmp_path / "memory-blobs")))
+    monkeypatch.setattr(SqliteWriter, "__init__", lambda *a, **k: pytest.fail("no file for a writer process to open"))
+    assert rebuild(live_store, target, batch=4)[0] == 30
+    assert diff(projections, Projections(engine)) == []

@@ -129,3 +129,28 @@ def test_a_lookups_values_are_processed_only_when_asked_for(engine, monkeypatch)
     assert "result" not in calls
     assert row.tokens == row.tokens == future_rows("")[1]["tokens"]
     assert calls.count("tokens") == 1
+
+
+def test_a_fresh_rows_latest_is_the_greatest_of_what_it_holds_asked_in_any_order():
+    """A rebuild's Rows (fresh: it holds every row there is) indexes a group's latest rows in
+    one pass the first time any group is asked for, then keeps every group's answer as rows
+    come, groups never asked for among them. The reference is the greatest step of each
+    model among the rows inserted."""
+    rows = uow.Rows(None, fresh=True)
+    inserted: dict[str, int] = {}
+
+    def step(model: str, number: int) -> None:
+        rows.insert("run_steps", model_id=model, step=number, tenant="alice", tokens=0, forward_backward=0)
+        inserted[model] = max(inserted.get(model, 0), number)
+
+    def latest(model: str):
+        row = rows.latest("run_steps", "step", "model_id", model)
+        return row["step"] if row is not None else None
+
+    step("a", 1), step("a", 2), step("b", 1)
+    assert latest("a") == 2  # the first question: indexed here
+    assert latest("c") is None
+    step("d", 1), step("d", 3), step("d", 2)  # a group nobody asked for yet
+    step("a", 3), step("c", 1)
+    for model in ("a", "b", "c", "d"):
+        assert latest(model) == inserted[model]
