@@ -141,11 +141,9 @@ class SqliteWriter:
                 stream.close()
             except OSError:
                 pass  # the child is already gone
-        try:
-            self._process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
+        # Without a timeout: the child is past its last answer (`finish`) or killed (`abort`),
+        # so it is ending, and a wait with one polls it with sleeps (15 ms of a rebuild).
+        self._process.wait()
         if self._sending is not None:
             self._sending.join()
             self._sending = None
