@@ -43,6 +43,9 @@ class Appended:
     fenced: bool = False  # stored, but not applied: its lease was older than its key's fence
 
 
+# The common outcomes, made once (frozen, so shared): one per event of every batch.
+_STORED, _FENCED, _REDELIVERED = Appended(stored=True), Appended(stored=True, fenced=True), Appended(stored=False)
+
 # Built once with bind parameters: a statement built per call, values as literals, cost
 # more than running it.
 _EVENT_INSERT = insert(t.events)
@@ -142,7 +145,7 @@ class EventStore:
         event_rows, outbox_rows = [], []
         for index, (event, outbox_topic, dedup) in enumerate(items):
             if event.id in known:  # a redelivery (or a repeat within the batch)
-                outcomes.append(Appended(stored=False))
+                outcomes.append(_REDELIVERED)
                 continue
             try:
                 outcome = self._fold(rows, event, dedup)
@@ -197,9 +200,9 @@ class EventStore:
                 rejected=dedup.rejected,
             )
         if self._fenced(rows, event):
-            return Appended(stored=True, fenced=True)
+            return _FENCED
         projections.apply(rows, event)
-        return Appended(stored=True)
+        return _STORED
 
     @staticmethod
     def _fenced(rows: Rows, event: Event) -> bool:
