@@ -26,7 +26,7 @@ PostgreSQL store a thread sends them (COPY for its inserts; `_Writer`): the serv
 work while the thread waits with the GIL released. Into a SQLite file a process of its own
 does (`sqlite_writer`): SQLite's work is the writing process's own, and a thread would hold
 the GIL at every row. A SQLite database that is not a file (in memory) is written in this
-process, with WAL checkpoints off until the end.
+process, batch after batch.
 
 The rows kept are bounded (`keep`): past it they are dropped after a batch's commit and later
 batches read from the database as the live path does, which is slower, never different.
@@ -128,7 +128,8 @@ class _ProcessWriter:
         return self._batch, DBAPIError.instance("a rebuild's batch of writes", None, cause, sqlite3.Error, dialect=self._dialect)
 
     def close(self, failed: bool = False) -> None:
-        if failed:
+        """Checkpoint and end the process; after a failure (said already) only end it."""
+        if failed or self._process.broken:
             self._process.abort()
         else:
             self._process.finish()
@@ -150,9 +151,6 @@ class Rebuilder:
     def _connection(self):
         if self._conn is None:
             self._conn = self.store.engine.connect()
-            if self._conn.dialect.name == "sqlite":  # in memory: checkpointed once, at the end
-                self._conn.exec_driver_sql("PRAGMA wal_autocheckpoint=0")
-                self._conn.commit()
         return self._conn
 
     def _writer_behind(self):
@@ -249,8 +247,8 @@ class Rebuilder:
         self._froze = True
 
     def close(self) -> None:
-        """Wait for the batch in flight, checkpoint the SQLite WAL once, and hand what the
-        batches froze back to the garbage collector."""
+        """Wait for the batch in flight, end the writer (a SQLite file's checkpoints its WAL
+        once), and hand what the batches froze back to the garbage collector."""
         failed = True
         try:
             self.settle()
@@ -265,10 +263,6 @@ class Rebuilder:
                 self._writer = None
         finally:
             if self._conn is not None:
-                if self._conn.dialect.name == "sqlite":
-                    self._conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
-                    self._conn.exec_driver_sql("PRAGMA wal_autocheckpoint=1000")
-                    self._conn.commit()
                 self._conn.close()
                 self._conn = None
             if self._froze:

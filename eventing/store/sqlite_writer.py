@@ -120,12 +120,21 @@ class SqliteWriter:
         except EOFError:
             raise self._gone() from None
 
+    @property
+    def broken(self) -> bool:
+        """Whether the child was found gone (said to the caller already)."""
+        return self._process.returncode is not None
+
     def finish(self) -> None:
         """Checkpoint the WAL into the database and end the child."""
-        self._wait_sent()
-        _send(self._process.stdin, FINISH)
-        failure = self.receive()
-        self._close()
+        try:
+            self._wait_sent()
+            _send(self._process.stdin, FINISH)
+            failure = self.receive()
+        except BrokenPipeError:
+            raise self._gone() from None
+        finally:
+            self._close()
         if failure is not None:
             raise RuntimeError(f"the rebuild's SQLite writer could not checkpoint: {failure[0]}: {failure[1]}")
 

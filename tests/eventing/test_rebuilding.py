@@ -349,6 +349,7 @@ def test_a_killed_sqlite_writer_is_raised_and_the_batches_before_it_stay_whole(l
     with pytest.raises(RuntimeError, match="exited with code -9"):
         rebuild(live_store, target, batch=4)
     assert writers[0]._process.returncode == -9
+    assert writers[0]._process.stdin.closed and writers[0]._process.stdout.closed  # ended, its pipes too
     assert gc.isenabled() and gc.get_freeze_count() == 0
     with target.engine.connect() as conn:  # the two batches before the failure, whole
         written = conn.execute(select(tables.events.c.id).order_by(tables.events.c.position)).scalars().all()
