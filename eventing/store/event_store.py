@@ -163,7 +163,10 @@ class EventStore:
                 outbox_rows.append({"event_id": event.id, "topic": outbox_topic})
         execute_many(conn, _EVENT_INSERT, event_rows)
         execute_many(conn, _OUTBOX_INSERT, outbox_rows)
-        finished = [dict(row) for row in rows.changed("futures")]  # FinishedFutures keeps the terminal ones
+        # FinishedFutures keeps the terminal ones, for long-polls beside this store; a fresh
+        # Rows is a rebuild's, into a store no long-poll reads while it is made (a miss there
+        # only means a read), and copying its every future cost about 3% of the rebuild.
+        finished = [dict(row) for row in rows.changed("futures")] if not rows.fresh else []
         rows.flush()
         return outcomes, finished
 
