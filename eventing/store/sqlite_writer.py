@@ -20,7 +20,6 @@ or gave up) rolls back whatever is open and ends the child: nothing half-written
 
 from __future__ import annotations
 
-import fcntl
 import io
 import pickle
 import sqlite3
@@ -46,8 +45,10 @@ def _widen(stream: BinaryIO) -> None:
     """A batch is megabytes (its events' payloads): through a pipe of the default 64 KiB the
     parent's write waits for the child's read every 64 KiB, two context switches each."""
     try:
+        import fcntl
+
         fcntl.fcntl(stream.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
-    except (AttributeError, OSError):
+    except (ImportError, AttributeError, OSError):
         pass  # not Linux, or over the system's pipe-max-size: the default pipe works, slower
 
 
