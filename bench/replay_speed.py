@@ -272,8 +272,9 @@ def main() -> None:
             + ("projections match" if not r["differences"] else f"{len(r['differences'])} DIFFERENCES: {r['differences'][:3]}")
         )
     print("e/s = events per second; rebuild = read+decode and append each event into a fresh store (replay.rebuild);")
-    print("fold only = events / (rebuild time - read+decode time); from and into PostgreSQL the rebuild fetches the next")
-    print("chunk and writes the last one while it folds (eventing/replay.py, eventing/store/rebuilding.py), so there it is an upper bound")
+    print("fold only = events / (rebuild time - read+decode time); from PostgreSQL the rebuild fetches the next chunk while it")
+    print("folds, and into either store the last chunk is written while the next is folded (PostgreSQL: a thread; a SQLite file:")
+    print("a writer process, eventing/store/sqlite_writer.py), so it is an upper bound on the fold's own rate")
     if any(r["differences"] for r in results.values()):
         raise SystemExit(1)
 
