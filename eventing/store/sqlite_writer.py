@@ -86,10 +86,6 @@ class SqliteWriter:
         self._sending: Optional[threading.Thread] = None
         self._send_error: Optional[OSError] = None
 
-    @property
-    def pid(self) -> int:
-        return self._process.pid
-
     def send(self, statements: list[tuple[str, list]]) -> None:
         """Pickled here, written by a thread: a batch is megabytes, more than the pipe holds,
         so its write waits on the child's reading, and a thread waits with the GIL released

@@ -11,7 +11,8 @@ import time
 
 import pytest
 from sqlalchemy import event as sa_event
-from sqlalchemy import select
+from sqlalchemy import create_engine, select
+from sqlalchemy.pool import StaticPool
 
 from eventing.blobs import BlobStore
 from eventing.codec import Codec
@@ -357,12 +358,6 @@ def test_a_killed_sqlite_writer_is_raised_and_the_batches_before_it_stay_whole(l
 
 
 def test_into_sqlite_in_memory_the_writes_stay_in_this_process(live, tmp_path, monkeypatch):
-    from sqlalchemy import create_engine
-    from sqlalchemy.pool import StaticPool
-
-    from eventing.blobs import BlobStore
-    from eventing.codec import Codec
-
     live_store, projections = live
     engine = create_engine("sqlite://", poolclass=StaticPool, connect_args={"check_same_thread": False})
     database.upgrade(engine)
