@@ -175,6 +175,7 @@ def _replay(settings, into: str | None, from_log: bool = False, from_offset: int
 
     from eventing.replay import ReplayReport, diff, read_log, rebuild_from_events, replay
     from eventing.store.event_store import EventStore
+    from eventing.store.kept import close_kept
     from eventing.store.queries import Projections
     from functions.runtime import Runtime
 
@@ -192,6 +193,7 @@ def _replay(settings, into: str | None, from_log: bool = False, from_offset: int
             report = ReplayReport(len(events), seconds, diff(live.projections, rebuilt))
         else:
             report = replay(live.store, live.projections, target, rebuilt)
+        close_kept(engine)
         engine.dispose()
     live.close()
     print(f"replayed {report.events} events in {report.seconds:.2f} s ({report.events_per_second:.0f} events/s)")

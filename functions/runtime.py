@@ -17,6 +17,7 @@ from eventing.notify import LocalNotifier
 from eventing.pg_notify import PgNotifier
 from eventing.store import database
 from eventing.store.event_store import EventStore
+from eventing.store.kept import close_kept
 from eventing.store.queries import Projections
 from functions.compute.models import ModelDirectory
 from openrl_core.catalog import Catalog
@@ -84,4 +85,5 @@ class Runtime:
             self.bus.close()
         if isinstance(self.notifier, PgNotifier):
             self.notifier.close()
+        close_kept(self.engine)  # the threads' kept connections (eventing/store/kept.py)
         self.engine.dispose()

@@ -23,6 +23,8 @@ finishes, which nothing here can predict.
 
 from __future__ import annotations
 
+import functools
+
 import math
 from dataclasses import dataclass
 from typing import Literal, Optional, Sequence
@@ -72,8 +74,9 @@ class Quotas(BaseModel):
     def _bytes(cls, value):
         return parse_bytes(value) if isinstance(value, str) else value
 
-    @property
+    @functools.cached_property
     def any(self) -> bool:
+        # Asked on every submission (twice); the model is frozen, so the answer is kept.
         return any(getattr(self, name) is not None for name in LIMITS)
 
 

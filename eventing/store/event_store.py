@@ -29,6 +29,7 @@ from eventing.dedup import Dedup  # noqa: F401  (re-exported: the store's caller
 from eventing.store import projections
 from eventing.store import tables as t
 from eventing.store.finished import FinishedFutures
+from eventing.store.kept import kept
 from eventing.store.rebuilding import Rebuilder
 from eventing.store.unit_of_work import Rows, driver_execute, driver_mark, driver_rows, execute_many, utc
 from openrl_core.errors import Conflict
@@ -72,6 +73,9 @@ class EventStore:
         # turns on a lock of this process instead hands over the moment a writer commits.
         # Another process writing the same file (an `openrl` command) still meets SQLite's wait.
         self._writing = threading.Lock() if engine.dialect.name == "sqlite" else contextlib.nullcontext()
+        # The writers (the group-commit thread, the projector) each keep a connection on a
+        # SQLite file instead of a pool checkout per transaction (eventing/store/kept.py).
+        self._kept = kept(engine)
 
     def append(self, event: Event, *, outbox_topic: Optional[str] = None, dedup: Optional[Dedup] = None) -> Appended:
         """Raises Conflict when the submission's identity was used with another body."""
@@ -87,7 +91,7 @@ class EventStore:
         concurrent writer's twin row) rolls the batch back and every item is appended alone,
         each with its own answer."""
         try:
-            with self._writing, self.engine.begin() as conn:
+            with self._writing, self._kept.begin() as conn:
                 outcomes, finished = self._fold_batch(conn, items, raise_conflicts=False)
         except IntegrityError:
             if len(items) > 1:
@@ -125,7 +129,7 @@ class EventStore:
         batch; a row a concurrent writer stored first rolls the batch back and the events are
         appended one by one, which answers each collision as `append` does."""
         try:
-            with self._writing, self.engine.begin() as conn:
+            with self._writing, self._kept.begin() as conn:
                 outcomes, finished = self._fold_batch(conn, [(event, None, dedup) for event, dedup in events], raise_conflicts=True)
         except IntegrityError:
             return sum(self.append(event, dedup=dedup).stored for event, dedup in events)
@@ -269,7 +273,7 @@ class EventStore:
     def mark_published_many(self, event_ids: list[str]) -> None:
         if not event_ids:
             return
-        with self._writing, self.engine.begin() as conn:
+        with self._writing, self._kept.begin() as conn:
             for start in range(0, len(event_ids), 500):
                 chunk = event_ids[start : start + 500]
                 driver_execute(conn, _id_list_sql(conn.dialect, "delete", "outbox", "event_id", len(chunk)), [chunk])

@@ -22,6 +22,7 @@ from eventing import topics
 from eventing.projector import Projector
 from eventing.store import tables
 from functions.gateway.app import create_app
+from functions.gateway import fast_lane
 from functions.gateway.fast_lane import lane_routes
 from functions.runtime import Runtime
 from openrl_core.events import new_event
@@ -229,5 +230,21 @@ def test_with_opentelemetry_on_every_request_goes_through_fastapi(rig, monkeypat
     assert post(lane, "/api/v1/optim_step", {"model_id": model_id, "seq_id": 1}).status_code == 200
     assert served == ["/api/v1/create_model", "/api/v1/optim_step"]  # the lane, while telemetry is off
     monkeypatch.setattr(app._native_telemetry, "enabled", lambda: True)
+    # The lane looks at FastAPI's check once a second (a provider is installed at start-up):
+    # one installed while serving is seen within that second.
+    time.sleep(fast_lane.TELEMETRY_RECHECK_SECONDS + 0.05)
     assert post(lane, "/api/v1/optim_step", {"model_id": model_id, "seq_id": 2}).status_code == 200
     assert served == ["/api/v1/create_model", "/api/v1/optim_step"]
+
+
+def test_the_telemetry_check_is_made_once_a_second_not_per_request(rig, monkeypatch):
+    """FastAPI's check reads three providers and the environment (about 3 us): the lane
+    asks it once per TELEMETRY_RECHECK_SECONDS, not on every hot request."""
+    lane, _, _, app = rig
+    model_id = model_of(lane)
+    asked = []
+    monkeypatch.setattr(app._native_telemetry, "enabled", lambda: asked.append(1) or False)
+    monkeypatch.setattr(app, "_telemetry_until", float("-inf"))
+    for seq_id in (1, 2, 3):
+        assert post(lane, "/api/v1/optim_step", {"model_id": model_id, "seq_id": seq_id}).status_code == 200
+    assert len(asked) == 1
