@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from typing import Iterator, Optional
+from typing import Callable, ContextManager, Iterator, Optional
 
 from sqlalchemy.engine import Connection, Engine
 
@@ -68,35 +68,26 @@ class Kept:
         local.conn = conn
         return conn
 
-    @contextlib.contextmanager
-    def connect(self) -> Iterator[Connection]:
+    def connect(self) -> ContextManager[Connection]:
         """A connection for reads; no transaction is left open after it."""
-        conn = self._mine() if self.enabled else None
-        if conn is None:
-            with self.engine.connect() as pooled:
-                yield pooled
-            return
-        local = self._local
-        local.busy = True
-        try:
-            yield conn
-        finally:
-            local.busy = False
-            if conn.in_transaction():
-                conn.rollback()
+        return self._use(self.engine.connect, _rolled_back)
+
+    def begin(self) -> ContextManager[Connection]:
+        """A transaction, committed when the block ends, rolled back if it raises."""
+        return self._use(self.engine.begin, Connection.begin)
 
     @contextlib.contextmanager
-    def begin(self) -> Iterator[Connection]:
-        """A transaction, committed when the block ends, rolled back if it raises."""
+    def _use(self, pooled: Callable, around: Callable) -> Iterator[Connection]:
+        """The thread's kept connection inside `around(conn)`, or `pooled()` when it has none free."""
         conn = self._mine() if self.enabled else None
         if conn is None:
-            with self.engine.begin() as pooled:
-                yield pooled
+            with pooled() as checked_out:
+                yield checked_out
             return
         local = self._local
         local.busy = True
         try:
-            with conn.begin():
+            with around(conn):
                 yield conn
         finally:
             local.busy = False
@@ -109,6 +100,16 @@ class Kept:
         for conn in kept:
             with contextlib.suppress(Exception):
                 conn.close()
+
+
+@contextlib.contextmanager
+def _rolled_back(conn: Connection) -> Iterator[None]:
+    """Whatever the block began on `conn` ends with it (a read keeps no snapshot, no lock)."""
+    try:
+        yield
+    finally:
+        if conn.in_transaction():
+            conn.rollback()
 
 
 def kept(engine: Engine) -> Kept:
