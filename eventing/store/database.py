@@ -13,6 +13,8 @@ import pydantic_core
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
 
+from eventing.store import pg_round_trips
+
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
 
@@ -58,7 +60,10 @@ def make_engine(url: str) -> Engine:
     # reopened about one connection every five futures, and a new PostgreSQL connection
     # (a backend process started and authenticated) cost more than the queries it served
     # (bench/futures_throughput.py, embedded log + PostgreSQL: 247 against 207 futures/s).
-    return create_engine(url, pool_size=30, max_overflow=0, pool_pre_ping=True, json_serializer=json_text)
+    # A connection is pinged before use only after sitting idle (pg_round_trips).
+    engine = create_engine(url, pool_size=30, max_overflow=0, json_serializer=json_text)
+    pg_round_trips.install(engine)
+    return engine
 
 
 def alembic_config(engine: Engine):

@@ -91,7 +91,7 @@ class EventStore:
         concurrent writer's twin row) rolls the batch back and every item is appended alone,
         each with its own answer."""
         try:
-            with self._writing, self._kept.begin() as conn:
+            with self._writing, self._kept.begin(rows=len(items)) as conn:
                 outcomes, finished = self._fold_batch(conn, items, raise_conflicts=False)
         except IntegrityError:
             if len(items) > 1:
@@ -129,7 +129,7 @@ class EventStore:
         batch; a row a concurrent writer stored first rolls the batch back and the events are
         appended one by one, which answers each collision as `append` does."""
         try:
-            with self._writing, self._kept.begin() as conn:
+            with self._writing, self._kept.begin(rows=len(events)) as conn:
                 outcomes, finished = self._fold_batch(conn, [(event, None, dedup) for event, dedup in events], raise_conflicts=True)
         except IntegrityError:
             return sum(self.append(event, dedup=dedup).stored for event, dedup in events)
@@ -273,7 +273,7 @@ class EventStore:
     def mark_published_many(self, event_ids: list[str]) -> None:
         if not event_ids:
             return
-        with self._writing, self._kept.begin() as conn:
+        with self._writing, self._kept.begin(rows=len(event_ids)) as conn:
             for start in range(0, len(event_ids), 500):
                 chunk = event_ids[start : start + 500]
                 driver_execute(conn, _id_list_sql(conn.dialect, "delete", "outbox", "event_id", len(chunk)), [chunk])

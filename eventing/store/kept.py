@@ -9,8 +9,9 @@ A thread that reads or writes the store over and over (the event loop, the group
 writer, the projector) now keeps one connection and uses it again.
 
 Only for a SQLite file: it never drops a connection, so a kept one stays good. PostgreSQL
-keeps the pool's checkout, whose `pool_pre_ping` is what replaces a connection the server
-dropped (README, the futures bench). An in-memory SQLite store is one connection already.
+keeps the pool's checkout, which replaces a connection the server dropped, and saves round
+trips instead: its reads run outside a transaction and its small write transactions in
+pipeline mode (`pg_round_trips`). An in-memory SQLite store is one connection already.
 
 What keeps it sound:
 - a read leaves no transaction open: `connect()` rolls back whatever the caller began, so
@@ -33,6 +34,8 @@ from typing import Callable, ContextManager, Iterator, Optional
 
 from sqlalchemy.engine import Connection, Engine
 
+from eventing.store import pg_round_trips
+
 # The threads that use the store over and over are a handful (event loop, group-commit
 # writer, projector, outbox relay, reaper); the gateway's pool threads past these share the pool.
 KEPT_MOST = 6
@@ -46,6 +49,7 @@ class Kept:
         self.engine = engine
         database = engine.url.database
         self.enabled = engine.dialect.name == "sqlite" and bool(database) and database != ":memory:" and most > 0
+        self.postgres = engine.dialect.name == "postgresql"
         self.most = most
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -69,11 +73,18 @@ class Kept:
         return conn
 
     def connect(self) -> ContextManager[Connection]:
-        """A connection for reads; no transaction is left open after it."""
+        """A connection for reads; no transaction is left open after it (on PostgreSQL none
+        is begun: each statement reads on its own)."""
+        if self.postgres:
+            return pg_round_trips.read_connection(self.engine)
         return self._use(self.engine.connect, _rolled_back)
 
-    def begin(self) -> ContextManager[Connection]:
-        """A transaction, committed when the block ends, rolled back if it raises."""
+    def begin(self, rows: int = 0) -> ContextManager[Connection]:
+        """A transaction, committed when the block ends, rolled back if it raises. `rows`:
+        about how many rows its largest write has (on PostgreSQL, a small transaction's
+        writes are pipelined with its commit; a large one's go by COPY)."""
+        if self.postgres and rows <= pg_round_trips.PIPELINE_MOST_ROWS:
+            return pg_round_trips.pipelined(self.engine)
         return self._use(self.engine.begin, Connection.begin)
 
     @contextlib.contextmanager

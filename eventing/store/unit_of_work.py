@@ -25,9 +25,10 @@ from typing import Any, Iterable, Optional
 from sqlalchemy import DateTime, bindparam, delete, insert, select, union_all, update
 from sqlalchemy.dialects.sqlite import DATETIME as SQLITE_DATETIME
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.dml import Insert
 
+from eventing.store import pg_round_trips
+from eventing.store.driver_errors import sqlalchemy_error
 from eventing.store import tables as t
 
 Row = dict[str, Any]
@@ -234,6 +235,8 @@ def driver_rows(conn: Connection, sql: str, params) -> tuple[list[tuple], Any]:
     try:
         cursor.execute(sql, params)
         return cursor.fetchall(), cursor.description
+    except conn.dialect.loaded_dbapi.Error as exc:
+        raise sqlalchemy_error(conn, exc, sql, params) from exc
     finally:
         cursor.close()
 
@@ -346,7 +349,7 @@ def _copy(conn: Connection, copy_sql: str, fill) -> None:
         with conn.connection.driver_connection.cursor() as cursor, cursor.copy(copy_sql) as copy:
             fill(copy)
     except psycopg.Error as exc:
-        raise DBAPIError.instance(copy_sql, None, exc, psycopg.Error, dialect=conn.dialect) from exc
+        raise sqlalchemy_error(conn, exc, copy_sql) from exc
 
 
 class _CopyContext:
@@ -429,8 +432,8 @@ def execute_many(conn: Connection, statement, rows: list[dict]) -> None:
         conn.add(statement, rows)
         return
     compiled = _compiled(conn.dialect, statement, rows)
-    if compiled.rows_insert is not None and len(rows) > 1:
-        compiled.rows_insert.execute(conn, rows)
+    if compiled.rows_insert is not None and len(rows) > 1 and not pg_round_trips.in_pipeline(conn):
+        compiled.rows_insert.execute(conn, rows)  # COPY (not in pipeline mode, where the rows are few)
         return
     driver_execute(conn, compiled.sql, compiled.params(rows))
 
@@ -441,15 +444,14 @@ def driver_execute(conn: Connection, sql: str, params: list) -> None:
     and a transaction makes several. The driver's errors come out as SQLAlchemy's (a unique
     violation as IntegrityError), as from a statement run through `conn`, and the
     transaction's rollback is the caller's as ever."""
-    dbapi = conn.dialect.loaded_dbapi
     cursor = conn.connection.dbapi_connection.cursor()
     try:
         if len(params) == 1:
             cursor.execute(sql, params[0])
         else:
             cursor.executemany(sql, params)
-    except dbapi.Error as exc:
-        raise DBAPIError.instance(sql, params, exc, dbapi.Error, dialect=conn.dialect) from exc
+    except conn.dialect.loaded_dbapi.Error as exc:
+        raise sqlalchemy_error(conn, exc, sql, params) from exc
     finally:
         cursor.close()
 
