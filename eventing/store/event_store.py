@@ -31,7 +31,7 @@ from eventing.store import tables as t
 from eventing.store.finished import FinishedFutures
 from eventing.store.kept import kept
 from eventing.store.rebuilding import Rebuilder
-from eventing.store.unit_of_work import Rows, driver_execute, driver_mark, driver_rows, execute_many, utc
+from eventing.store.unit_of_work import Rows, driver_execute, driver_mark, execute_many, utc
 from openrl_core.errors import Conflict
 from openrl_core.events import Event
 from openrl_core.events.lifecycle import BlobRef
@@ -142,9 +142,9 @@ class EventStore:
         if rows is None:
             rows = Rows(conn)
         rows.conn = conn
+        found = self._prefetch(rows, items, None if known is not None else list({event.id for event, _t, _d in items}))
         if known is None:
-            known = _known_ids(conn, list({event.id for event, _t, _d in items}))
-        self._prefetch(rows, items)
+            known = found
         outcomes: list = []
         event_rows, outbox_rows = [], []
         for index, (event, outbox_topic, dedup) in enumerate(items):
@@ -174,21 +174,29 @@ class EventStore:
         rows.flush()
         return outcomes, finished
 
-    def _prefetch(self, rows: Rows, items) -> None:
-        """Read, in one query per table, the rows the batch's fold will ask for. A fresh
-        `Rows` (a rebuild's) reads nothing: it already knows every row there is."""
+    def _prefetch(self, rows: Rows, items, ids: Optional[list[str]] = None) -> Optional[set[str]]:
+        """Read, in one query per table, the rows the batch's fold will ask for, and which of
+        `ids` (the batch's event ids) the store holds already (None when `ids` is None). A
+        fresh `Rows` (a rebuild's) reads no rows: it already knows every row there is. The
+        queries that depend on nothing go together: on PostgreSQL one round trip for all
+        (`unit_of_work.driver_rows_many`)."""
+        also = _known_ids_queries(rows.conn.dialect, ids) if ids is not None else []
+        first = [
+            ("submissions", [(event.tenant, dedup.key) for event, _t, dedup in items if dedup is not None]),
+            ("lease_fences", [(event.tenant, event.key) for event, _t, _d in items if _leased(event)]),
+        ]
+        first += [(table, [(value,) for event, _t, _d in items if (value := _field(event.data, field))]) for table, field in _PREFETCH]
+        answers = rows.prefetch_many(first if not rows.fresh else [], also=also)
+        known = {row[0] for raw, _description in answers for row in raw} if ids is not None else None
         if rows.fresh:
-            return
-        rows.prefetch("submissions", [(event.tenant, dedup.key) for event, _t, dedup in items if dedup is not None])
-        rows.prefetch("lease_fences", [(event.tenant, event.key) for event, _t, _d in items if _leased(event)])
-        for table, field in _PREFETCH:
-            rows.prefetch(table, [(value,) for event, _t, _d in items if (value := _field(event.data, field))])
+            return known
         # What completions reach through their future: its run, and the run's latest step.
         futures = [(event, rows.get("futures", request_id)) for event, _t, _d in items if (request_id := _field(event.data, "request_id"))]
         rows.prefetch("training_runs", [(future["model_id"],) for _event, future in futures if future and future["model_id"]])
         stepping = sorted({future["model_id"] for event, future in futures if future and future["model_id"] and event.type in _STEP_COMPLETIONS})
         if stepping:
             rows.prefetch_latest("run_steps", "step", "model_id", stepping)
+        return known
 
     def _fold(self, rows: Rows, event: Event, dedup: Optional[Dedup]) -> Appended:
         """The submission (dedup), the lease fence and the projection change of one event;
@@ -365,15 +373,10 @@ def _packed_sql(dialect) -> str:
     return f"SELECT {columns} FROM {quote('events')} WHERE {position} > {mark} ORDER BY {position} LIMIT {mark}"
 
 
-def _known_ids(conn, ids: list[str]) -> set[str]:
-    """The ids among `ids` that the events table holds, read in driver SQL (as the unit of
-    work reads: `unit_of_work._Reader` says why), in bounded IN lists."""
-    known: set[str] = set()
-    for start in range(0, len(ids), 500):
-        chunk = ids[start : start + 500]
-        rows, _description = driver_rows(conn, _id_list_sql(conn.dialect, "select", "events", "id", len(chunk)), chunk)
-        known.update(row[0] for row in rows)
-    return known
+def _known_ids_queries(dialect, ids: list[str]) -> list[tuple[str, list[str]]]:
+    """The reads, as (sql, params) in bounded IN lists, of which of `ids` the events table
+    holds (driver SQL, as the unit of work reads: `unit_of_work._Reader` says why)."""
+    return [(_id_list_sql(dialect, "select", "events", "id", len(ids[start : start + 500])), ids[start : start + 500]) for start in range(0, len(ids), 500)]
 
 
 @functools.lru_cache(maxsize=512)

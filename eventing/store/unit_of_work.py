@@ -124,10 +124,14 @@ class _Reader:
         return self.rows(*self._fetch(conn, keys))
 
     def _fetch(self, conn: Connection, keys: list[Key]) -> tuple[list[tuple], Any]:
+        return driver_rows(conn, *self.query(keys))
+
+    def query(self, keys: list[Key]) -> tuple[str, list]:
+        """The driver SQL and parameters that read `keys`' rows."""
         sql = self._sql.get(len(keys))
         if sql is None:
             sql = self._sql[len(keys)] = self.head + self._match(len(keys))
-        return driver_rows(conn, sql, [value for key in keys for value in key])
+        return sql, [value for key in keys for value in key]
 
     def lazy(self, conn: Connection, key: Key) -> Optional["LazyRow"]:
         """The row of `key` with each value processed only when asked for (None: absent)."""
@@ -239,6 +243,26 @@ def driver_rows(conn: Connection, sql: str, params) -> tuple[list[tuple], Any]:
         raise sqlalchemy_error(conn, exc, sql, params) from exc
     finally:
         cursor.close()
+
+
+def driver_rows_many(conn: Connection, queries: list[tuple[str, Any]]) -> list[tuple[list[tuple], Any]]:
+    """`driver_rows` of each (sql, params), in order. On a pipelined PostgreSQL transaction
+    (`pg_round_trips`) every query is sent before the first answer is awaited: one round
+    trip for all of them instead of one each."""
+    if len(queries) < 2 or conn.dialect.name != "postgresql" or not pg_round_trips.in_pipeline(conn):
+        return [driver_rows(conn, sql, params) for sql, params in queries]
+    raw = conn.connection.dbapi_connection
+    cursors = []
+    try:
+        for sql, params in queries:
+            cursors.append(raw.cursor())
+            cursors[-1].execute(sql, params)
+        return [(cursor.fetchall(), cursor.description) for cursor in cursors]
+    except conn.dialect.loaded_dbapi.Error as exc:
+        raise sqlalchemy_error(conn, exc) from exc
+    finally:
+        for cursor in cursors:
+            cursor.close()
 
 
 class _Compiled:
@@ -498,21 +522,35 @@ class Rows:
 
     def prefetch(self, table: str, keys: Iterable[Key]) -> None:
         """Read every row of `keys` not yet known, in one query."""
-        cache = self._rows[table]
-        wanted = list({key for key in keys if key not in cache})
-        if not wanted:
-            return
-        if self.fresh:
-            for key in wanted:
-                cache[key] = None
-            return
-        reader = _reader(self.conn.dialect, table)
-        for start in range(0, len(wanted), 500):  # bounded IN lists
-            chunk = wanted[start : start + 500]
-            for row in reader.by_keys(self.conn, chunk):
+        self.prefetch_many([(table, keys)])
+
+    def prefetch_many(self, wanted: list[tuple[str, Iterable[Key]]], also: list[tuple[str, Any]] = ()) -> list:
+        """`prefetch` of several tables, their queries sent together (`driver_rows_many`);
+        `also`: more (sql, params) reads to send with them, whose (rows, description) it
+        returns, in order."""
+        plan, queries = [], []
+        for table, keys in wanted:
+            cache = self._rows[table]
+            keys = list({key for key in keys if key not in cache})
+            if not keys:
+                continue
+            if self.fresh:
+                for key in keys:
+                    cache[key] = None
+                continue
+            reader = _reader(self.conn.dialect, table)
+            for start in range(0, len(keys), 500):  # bounded IN lists
+                chunk = keys[start : start + 500]
+                plan.append((table, chunk, reader))
+                queries.append(reader.query(chunk))
+        answers = driver_rows_many(self.conn, list(also) + queries)
+        for (table, chunk, reader), raw in zip(plan, answers[len(also) :]):
+            for row in reader.rows(*raw):
                 self._remember(table, row)
+            cache = self._rows[table]
             for key in chunk:
                 cache.setdefault(key, None)
+        return answers[: len(also)]
 
     def select(self, table: str, **equal) -> list[Row]:
         """Every row whose columns equal `equal` (a tuple value: any of its values); a
