@@ -17,7 +17,7 @@ from sqlalchemy.pool import StaticPool
 from eventing.blobs import BlobStore
 from eventing.codec import Codec
 from eventing.replay import diff, rebuild, rebuild_from_events
-from eventing.store import database, event_store, tables
+from eventing.store import database, tables
 from eventing.store import unit_of_work as uow
 from eventing.store.event_store import Dedup, EventStore
 from eventing.store.sqlite_writer import SqliteWriter
@@ -51,7 +51,8 @@ def steps(store: EventStore, count: int) -> None:
 
 def selects(engine, monkeypatch) -> list[str]:
     """The SELECTs run on `engine`: through SQLAlchemy, and the unit of work's and the event
-    store's reads in driver SQL (`unit_of_work.driver_rows`), which SQLAlchemy's events do not see."""
+    store's reads in driver SQL (`unit_of_work.driver_rows`, and `driver_rows_many`, which
+    sends a pipelined transaction's reads together), which SQLAlchemy's events do not see."""
     seen: list[str] = []
 
     @sa_event.listens_for(engine, "before_cursor_execute")
@@ -64,8 +65,14 @@ def selects(engine, monkeypatch) -> list[str]:
             seen.append(sql)
         return _read(conn, sql, params)
 
+    def driver_rows_many(conn, queries, _read=uow.driver_rows_many):
+        together = len(queries) > 1 and conn.dialect.name == "postgresql" and uow.pg_round_trips.in_pipeline(conn)
+        if together and conn.engine is engine:
+            seen.extend(sql for sql, _params in queries)  # otherwise each goes through driver_rows
+        return _read(conn, queries)
+
     monkeypatch.setattr(uow, "driver_rows", driver_rows)
-    monkeypatch.setattr(event_store, "driver_rows", driver_rows)
+    monkeypatch.setattr(uow, "driver_rows_many", driver_rows_many)
     return seen
 
 
