@@ -376,7 +376,8 @@ def _packed_sql(dialect) -> str:
 def _known_ids_queries(dialect, ids: list[str]) -> list[tuple[str, list[str]]]:
     """The reads, as (sql, params) in bounded IN lists, of which of `ids` the events table
     holds (driver SQL, as the unit of work reads: `unit_of_work._Reader` says why)."""
-    return [(_id_list_sql(dialect, "select", "events", "id", len(ids[start : start + 500])), ids[start : start + 500]) for start in range(0, len(ids), 500)]
+    chunks = [ids[start : start + 500] for start in range(0, len(ids), 500)]
+    return [(_id_list_sql(dialect, "select", "events", "id", len(chunk)), chunk) for chunk in chunks]
 
 
 @functools.lru_cache(maxsize=512)

@@ -121,10 +121,7 @@ class _Reader:
         self._sql: dict[int, str] = {}
 
     def by_keys(self, conn: Connection, keys: list[Key]) -> list[Row]:
-        return self.rows(*self._fetch(conn, keys))
-
-    def _fetch(self, conn: Connection, keys: list[Key]) -> tuple[list[tuple], Any]:
-        return driver_rows(conn, *self.query(keys))
+        return self.rows(*driver_rows(conn, *self.query(keys)))
 
     def query(self, keys: list[Key]) -> tuple[str, list]:
         """The driver SQL and parameters that read `keys`' rows."""
@@ -135,7 +132,7 @@ class _Reader:
 
     def lazy(self, conn: Connection, key: Key) -> Optional["LazyRow"]:
         """The row of `key` with each value processed only when asked for (None: absent)."""
-        raw, description = self._fetch(conn, [key])
+        raw, description = driver_rows(conn, *self.query([key]))
         if not raw:
             return None
         self._processors(description)
@@ -245,11 +242,16 @@ def driver_rows(conn: Connection, sql: str, params) -> tuple[list[tuple], Any]:
         cursor.close()
 
 
+def sent_together(conn: Connection, queries: list) -> bool:
+    """Whether `driver_rows_many` sends `queries` at once (else each goes by `driver_rows`)."""
+    return len(queries) > 1 and conn.dialect.name == "postgresql" and pg_round_trips.in_pipeline(conn)
+
+
 def driver_rows_many(conn: Connection, queries: list[tuple[str, Any]]) -> list[tuple[list[tuple], Any]]:
     """`driver_rows` of each (sql, params), in order. On a pipelined PostgreSQL transaction
     (`pg_round_trips`) every query is sent before the first answer is awaited: one round
     trip for all of them instead of one each."""
-    if len(queries) < 2 or conn.dialect.name != "postgresql" or not pg_round_trips.in_pipeline(conn):
+    if not sent_together(conn, queries):
         return [driver_rows(conn, sql, params) for sql, params in queries]
     raw = conn.connection.dbapi_connection
     cursors = []

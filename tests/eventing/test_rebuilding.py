@@ -66,8 +66,7 @@ def selects(engine, monkeypatch) -> list[str]:
         return _read(conn, sql, params)
 
     def driver_rows_many(conn, queries, _read=uow.driver_rows_many):
-        together = len(queries) > 1 and conn.dialect.name == "postgresql" and uow.pg_round_trips.in_pipeline(conn)
-        if together and conn.engine is engine:
+        if uow.sent_together(conn, queries) and conn.engine is engine:
             seen.extend(sql for sql, _params in queries)  # otherwise each goes through driver_rows
         return _read(conn, queries)
 
