@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Optional
 
 import psycopg
 
@@ -43,6 +43,7 @@ class PgNotifier:
         self._send_lock = threading.Lock()
         self._sender: psycopg.Connection | None = None
         self._listeners: list[Callable[[list[str]], None]] = []
+        self._gap_listeners: list[Callable[[], None]] = []
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._listening = threading.Event()
@@ -64,8 +65,12 @@ class PgNotifier:
                     if attempt == 2:
                         raise
 
-    def subscribe(self, listener: Callable[[list[str]], None]) -> None:
+    def subscribe(self, listener: Callable[[list[str]], None], *, on_gap: Optional[Callable[[], None]] = None) -> None:
+        """`listener(ids)` for every notification; `on_gap()` each time LISTEN starts (the
+        first time too), since notifications sent while it was not listening are lost."""
         self._listeners.append(listener)
+        if on_gap is not None:
+            self._gap_listeners.append(on_gap)
         if self._thread is None:
             self._thread = threading.Thread(target=self._listen, name="pg-listen", daemon=True)
             self._thread.start()
@@ -76,6 +81,8 @@ class PgNotifier:
             try:
                 with psycopg.connect(self._dsn, autocommit=True) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
+                    for on_gap in list(self._gap_listeners):
+                        on_gap()
                     self._listening.set()
                     # A generator that blocks in the socket until a NOTIFY arrives (or the
                     # timeout passes, to notice `close`): no polling of the store.

@@ -73,7 +73,20 @@ class Runtime:
             operator_key_hash=GatewayContext.hash_key(operator) if (operator := self.settings.operator_key()) else None,
             notifier=self.notifier,
         )
-        self.notifier.subscribe(ctx.waiters.notify)
+        if isinstance(self.notifier, PgNotifier):
+            # Every projector announces what it folded here, so a future this gateway stored
+            # unfinished and has heard nothing of since still runs: the first look of its
+            # retrieve_future need not read the store (eventing/store/finished.py).
+            finished = self.store.finished
+            finished.follow_pending()
+
+            def announced(ids: list[str]) -> None:
+                finished.forget_pending(ids)  # before the wake-up, so a woken poll reads
+                ctx.waiters.notify(ids)
+
+            self.notifier.subscribe(announced, on_gap=finished.clear_pending)
+        else:
+            self.notifier.subscribe(ctx.waiters.notify)
         ctx.republish_outbox()
         self._gateways.append(ctx)
         return ctx

@@ -16,11 +16,14 @@ CPU and a third of its thread switches (README, "where a no-op future's time goe
 goes through this store object, a future it committed unfinished, and has not seen finish
 since, is still running, and the gateway may wait for its completion without reading.
 That holds in the embedded deployment (one process: the gateway appends the request, the
-projector beside it folds the completion); with Kafka another process's projector may
-finish it unseen, so it stays off there. It is a hint, not a record: the gateway still
-reads the store after a short wait (`functions/gateway/routes/futures.py`), so a hint
-that is wrong (a row changed by another process after all) costs that wait, never an
-answer.
+projector beside it folds the completion). On PostgreSQL another process's projector may
+finish it, but every projector announces what it folded through LISTEN/NOTIFY, so a gateway
+that hears those announcements (`eventing/pg_notify.py`) forgets each announced id here
+(`forget_pending`) before it wakes the waiters, and forgets every hint (`clear_pending`)
+whenever it may have missed some (its LISTEN connection started again). It is a hint, not
+a record: the gateway still reads the store after a short wait
+(`functions/gateway/routes/futures.py`), so a hint that is wrong (a row changed by another
+process unannounced) costs that wait, never an answer.
 """
 
 from __future__ import annotations
@@ -83,6 +86,21 @@ class FinishedFutures:
         with self._lock:
             row = self._rows.get(request_id)
         return row if row is not None and row.tenant == tenant else None
+
+    def forget_pending(self, request_ids: Iterable[str]) -> None:
+        """These futures changed somewhere (another process may have finished them): no
+        longer a hint that they run."""
+        with self._lock:
+            pending = self._pending
+            if pending:
+                for request_id in request_ids:
+                    pending.pop(request_id, None)
+
+    def clear_pending(self) -> None:
+        """Changes may have gone unheard: no hints until futures are committed again."""
+        with self._lock:
+            if self._pending:
+                self._pending.clear()
 
     def pending(self, tenant: str, request_id: str) -> bool:
         """Whether this store committed the tenant's future unfinished and has not seen it

@@ -82,3 +82,18 @@ def test_the_store_notes_what_it_committed_unfinished_and_forgets_it_once_it_fin
     done = RequestCompleted(request_id="r1", result={"metrics": {}})
     store.append_batch([(new_event(te.OPTIM_STEP["completed"], done, tenant="alice", source="/t", key="m"), None)])
     assert not store.finished.pending("alice", "r1") and store.finished.get("alice", "r1") is not None
+
+
+def test_announced_futures_and_a_gap_drop_their_pending_hints():
+    finished = FinishedFutures()
+    finished.forget_pending(["r1"])  # not followed: nothing to forget, nothing raised
+    finished.clear_pending()
+    finished.follow_pending()
+    finished.put_many([row("r1", "pending"), row("r2", "running"), row("r3", "pending")])
+    finished.forget_pending(["r1", "unknown"])  # another process's projector announced r1
+    assert not finished.pending("alice", "r1")
+    assert finished.pending("alice", "r2") and finished.pending("alice", "r3")
+    finished.clear_pending()  # announcements may have been missed: no hint is trusted
+    assert not finished.pending("alice", "r2") and not finished.pending("alice", "r3")
+    finished.put_many([row("r4", "pending")])  # still followed after a gap
+    assert finished.pending("alice", "r4")

@@ -3,7 +3,9 @@ same answers, and a hint that turns out wrong costs a short wait, never an answe
 
 `openrl serve` with the embedded log follows pending futures (`eventing/store/finished.py`):
 the gateway appends every request and the projector beside it folds every completion through
-one store object. The Kafka deployment and a gateway without a projector do not."""
+one store object. On SQLite, the Kafka deployment and a gateway without a projector do not;
+a gateway on PostgreSQL does, since it hears every projector's announcements
+(test_pending_hint_pg.py)."""
 
 from __future__ import annotations
 
@@ -141,7 +143,7 @@ def test_another_tenants_running_future_is_unknown_as_before(served):
     assert reads == ["req-no-such-future", request_id]  # both read the store: the hint is alice's alone
 
 
-def test_openrl_serve_follows_pending_futures_only_with_the_embedded_log_and_its_projector(tmp_path, tiny_files):
+def test_openrl_serve_on_sqlite_follows_pending_futures_only_with_the_embedded_log_and_its_projector(tmp_path, tiny_files):
     def follows(roles, **settings) -> bool:
         node = Node(Settings(data_dir=tmp_path / str(len(list(tmp_path.iterdir()))), models=[MODEL], **settings), roles)
         try:
