@@ -28,7 +28,10 @@ noida-db (it answers an empty fetch at once instead of waiting), so an idle neig
 would steal a core from the others. To cancel drift in a noisy machine's load, the
 configurations run in two passes, the second in reverse order (ABC CBA), half the
 budget each. Rows beyond the two deployments isolate one change each: the embedded log
-without fsync, and the embedded log over PostgreSQL.
+without fsync, and the embedded log over PostgreSQL. The "one process per role" rows run the
+Kafka deployment as it is deployed (gateway, projector and worker each a process of its own,
+sharing the broker and the database), so its roles no longer share one interpreter's lock;
+their CPU is reported per process.
 """
 
 from __future__ import annotations
@@ -122,18 +125,23 @@ def serve(args: argparse.Namespace) -> None:
         options["kafka_bootstrap"] = args.kafka_bootstrap
     if args.database_url:
         options["database_url"] = args.database_url
-    node = Node(Settings(**options), roles=("gateway", "projector"), base_models=[MODEL])
+    roles = args.roles.split(",")
+    node = Node(Settings(**options), roles=[role for role in roles if role != "worker"], base_models=[MODEL])
     stop = threading.Event()
-    worker = threading.Thread(
-        target=NoopWorker(node.runtime.bus, node.runtime.publisher).run, args=(stop,), name="noop-worker", daemon=True
-    )
-    worker.start()
-    threading.Thread(target=name_threads, args=(args.data_dir / "threads.json", stop), name="thread-names", daemon=True).start()
+    worker = None
+    if "worker" in roles:
+        worker = threading.Thread(
+            target=NoopWorker(node.runtime.bus, node.runtime.publisher).run, args=(stop,), name="noop-worker", daemon=True
+        )
+        worker.start()
+    names = args.data_dir / f"threads-{args.roles}.json"
+    threading.Thread(target=name_threads, args=(names, stop), name="thread-names", daemon=True).start()
     try:
         node.serve_forever()  # until SIGTERM; then stops the projector and closes the log
     finally:
         stop.set()
-        worker.join(timeout=5)
+        if worker is not None:
+            worker.join(timeout=5)
 
 
 def name_threads(path: Path, stop: threading.Event) -> None:
@@ -212,8 +220,12 @@ class Config:
     postgres: bool = False
     fsync: bool = True
     env: dict[str, str] = field(default_factory=dict)  # OPENRL_* settings of the server
+    # One process per role (gateway; projector; no-op worker), as the distributed deployment
+    # runs them, instead of all three in one.
+    split: bool = False
     # per pass
-    process: Optional[subprocess.Popen] = None
+    process: Optional[subprocess.Popen] = None  # the gateway's (every role's unless split)
+    others: dict[str, subprocess.Popen] = field(default_factory=dict)  # split: projector, worker
     broker_handle: object = None
     database: Optional[str] = None
     url: str = ""
@@ -237,6 +249,7 @@ CONFIGS = {
     "embedded-nofsync": lambda: Config("embedded-nofsync", "  same, log_fsync=false", fsync=False),
     "embedded-pg": lambda: Config("embedded-pg", "  embedded log + PostgreSQL", postgres=True),
     "noida": lambda: Config("noida", "Kafka (noida-db) + PostgreSQL", "kafka", broker="noida", postgres=True),
+    "noida-split": lambda: Config("noida-split", "  same, one process per role", "kafka", broker="noida", postgres=True, split=True),
     # noida-db answers an empty fetch at once (it ignores fetch.max.wait.ms), so idle consumers
     # spin unless they pause between empty fetches (the setting a noida deployment uses).
     "noida-pause": lambda: Config(
@@ -249,7 +262,13 @@ CONFIGS = {
         "tansu", "Kafka (Tansu, fetch wait 20 ms) + PG", "kafka", broker="tansu", postgres=True,
         env={"OPENRL_KAFKA_FETCH_MAX_WAIT_MS": "20"},
     ),  # fmt: skip
+    "tansu-split": lambda: Config(
+        "tansu-split", "  same, one process per role", "kafka", broker="tansu", postgres=True, split=True,
+        env={"OPENRL_KAFKA_FETCH_MAX_WAIT_MS": "20"},
+    ),  # fmt: skip
 }
+
+ALL_ROLES = "gateway,projector,worker"
 
 
 def start(config: Config, root: Path) -> None:
@@ -274,12 +293,16 @@ def start(config: Config, root: Path) -> None:
         command += ["--database-url", url]
     log_path = workdir / "server.log"
     with open(log_path, "ab") as log:
-        config.process = subprocess.Popen(
-            command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **config.env}
-        )
+        env = {**os.environ, **config.env}
+        if config.split:
+            for role in ("projector", "worker"):
+                config.others[role] = subprocess.Popen(command + ["--roles", role], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
+        gateway = "gateway" if config.split else ALL_ROLES
+        config.process = subprocess.Popen(command + ["--roles", gateway], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + 120
     while True:
-        if config.process.poll() is not None or time.monotonic() > deadline:
+        exited = [p for p in (config.process, *config.others.values()) if p.poll() is not None]
+        if exited or time.monotonic() > deadline:
             raise RuntimeError(f"server did not come up: {log_path.read_text()[-2000:]}")
         try:
             if httpx.get(config.url + "/api/v1/healthz", timeout=1).status_code == 200:
@@ -290,14 +313,15 @@ def start(config: Config, root: Path) -> None:
 
 
 def stop(config: Config) -> None:
-    if config.process is not None and config.process.poll() is None:
-        config.process.terminate()
-        try:
-            config.process.wait(30)
-        except subprocess.TimeoutExpired:
-            config.process.kill()
-            config.process.wait()
-    config.process = None
+    for process in (config.process, *config.others.values()):
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+    config.process, config.others = None, {}
     if config.broker_handle is not None:
         config.broker_handle.stop()
         config.broker_handle = None
@@ -422,6 +446,13 @@ async def optim_steps(config: Config, models: list[str], total: int, seconds: fl
     return latencies, time.perf_counter() - started
 
 
+def server_pids(config: Config) -> dict[str, int]:
+    """The server's process ("server"), or when split each role's ("gateway", "projector", "worker")."""
+    if not config.split:
+        return {"server": config.process.pid}
+    return {"gateway": config.process.pid, **{role: process.pid for role, process in config.others.items()}}
+
+
 def run_pass(config: Config, root: Path, args: argparse.Namespace, share: float) -> None:
     start(config, root)
     try:
@@ -432,23 +463,27 @@ def run_pass(config: Config, root: Path, args: argparse.Namespace, share: float)
         latencies, _ = asyncio.run(optim_steps(config, solo, max(1, int(args.solo * share)), args.time_cap * share / 4))
         config.solo_ms += latencies
 
-        pids = {"server": config.process.pid}
+        servers = server_pids(config)
+        pids = dict(servers)
         if config.broker_handle is not None:
             pids["broker"] = config.broker_handle.process.pid
         before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         if config.database is not None:
             opened = sessions_opened(config.database)
-        threads_before = thread_counters(config.process.pid)
+        threads_before = {name: thread_counters(pid) for name, pid in servers.items()}
         client_before = time.process_time()
         latencies, seconds = asyncio.run(optim_steps(config, loaders, int(args.requests * share), args.time_cap * share))
         used = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
         if args.per_thread:
-            names = json.loads((config.data_dir / "threads.json").read_text())
-            for tid, (cpu, switches) in thread_counters(config.process.pid).items():
-                was = threads_before.get(tid, (0.0, 0))
-                role = config.threads.setdefault(thread_role(names.get(tid, f"thread {tid}")), [0.0, 0])
-                role[0] += cpu - was[0]
-                role[1] += switches - was[1]
+            for name, pid in servers.items():
+                roles = ALL_ROLES if name == "server" else name
+                names = json.loads((config.data_dir / f"threads-{roles}.json").read_text())
+                for tid, (cpu, switches) in thread_counters(pid).items():
+                    was = threads_before[name].get(tid, (0.0, 0))
+                    label = thread_role(names.get(tid, f"thread {tid}"))
+                    role = config.threads.setdefault(label if name == "server" else f"{name}: {label}", [0.0, 0])
+                    role[0] += cpu - was[0]
+                    role[1] += switches - was[1]
         used["client"] = time.process_time() - client_before
         if config.database is not None:
             time.sleep(1.0)  # PostgreSQL publishes session counts within a second
@@ -487,7 +522,7 @@ def report(configs: list[Config], args: argparse.Namespace, load_before: float) 
         print(f"{'':36}{detail}")
         if c.threads:
             # The bench's own thread-naming thread is left out; so are threads idle under load.
-            rows = [(role, cpu, switches) for role, (cpu, switches) in c.threads.items() if role != "thread-names"]
+            rows = [(role, cpu, switches) for role, (cpu, switches) in c.threads.items() if not role.endswith("thread-names")]
             busy = sorted((row for row in rows if row[1] > 0), key=lambda row: -row[1])
             split = ", ".join(f"{role} {1000 * cpu / c.futures:.2f}/{switches / c.futures:.0f}" for role, cpu, switches in busy)
             total = sum(switches for _role, _cpu, switches in busy) / c.futures
@@ -496,7 +531,7 @@ def report(configs: list[Config], args: argparse.Namespace, load_before: float) 
         if c.skipped:
             print(f"{c.name:34} skipped: {c.skipped}")
     print("latencies in ms, submit to result; futures/s = all futures / all load time over both passes;")
-    print("server = gateway + projector + no-op worker (one process). PostgreSQL's own CPU is left out: the pool")
+    print("server = gateway + projector + no-op worker (one process; \"one process per role\": each its own). PostgreSQL's own CPU is left out: the pool")
     print("closes connections beyond pool_size at check-in, so its backends come and go faster than /proc can be read")
 
 
@@ -519,6 +554,7 @@ def main() -> None:
     parser.add_argument("--no-fsync", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--kafka-bootstrap", help=argparse.SUPPRESS)
     parser.add_argument("--database-url", help=argparse.SUPPRESS)
+    parser.add_argument("--roles", default=ALL_ROLES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         serve(args)
