@@ -116,6 +116,11 @@ class GroupCommit(Generic[Item, Result]):
                 if batch:
                     self._write(batch)
 
+    def queued(self) -> bool:
+        """Whether items wait for a batch now (from `write_batch`: another batch follows)."""
+        with self._queue_lock:
+            return bool(self._queue)
+
     def writing(self) -> threading.Lock:
         """The write lock: held, no batch is being written (e.g. while closing what
         `write_batch` writes to)."""

@@ -22,7 +22,9 @@ class LocalNotifier:
         with self._lock:
             self._listeners.append(listener)
 
-    def notify(self, request_ids: Iterable[str]) -> None:
+    def notify(self, request_ids: Iterable[str], rows: Iterable = ()) -> None:
+        """`rows` (finished futures rows) are for other processes' listeners (PgNotifier);
+        here the store's own memory has them already."""
         ids = list(request_ids)
         if not ids:
             return

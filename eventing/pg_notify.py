@@ -5,19 +5,33 @@ share only the event store. The projector calls `notify` after its transaction h
 committed; every process that `subscribe`d (each gateway) receives the request ids on its
 own LISTEN connection and wakes its waiters. Same interface as `LocalNotifier`.
 NOTIFY payloads are limited to 8000 bytes, so long id lists are sent in pieces.
+
+A projector also sends the small finished futures rows it committed (`rows`), as JSON pieces
+(`{"rows": [...]}`) ahead of their ids, in the same transaction, so they arrive first: a
+gateway keeps them (`on_rows`) and answers the long-polls the ids then wake without reading
+the store, as it does for rows its own process committed (`eventing/store/finished.py`). A
+terminal row never changes, so a copy is as good as the store's. A row whose JSON is longer
+than ROW_MOST_BYTES (a forward_backward's logprobs) goes by id alone and is read. A listener
+of an older version splits such a piece into nonsense ids, which wake nobody.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from typing import Callable, Iterable, Optional
 
 import psycopg
 
+from eventing.store.database import json_text
+
 log = logging.getLogger(__name__)
 CHANNEL = "openrl_futures"
 _MAX_PAYLOAD = 7900
+ROW_MOST_BYTES = 2048
+# What the gateway answers a finished future from (functions/gateway/routes/futures.py).
+ROW_FIELDS = ("request_id", "tenant", "kind", "model_id", "state", "result", "error", "category")
 
 
 def _dsn(url: str) -> str:
@@ -37,6 +51,24 @@ def chunks(ids: list[str]) -> list[str]:
     return pieces
 
 
+def row_pieces(rows: Iterable) -> list[str]:
+    """The small rows' payloads, each under the payload limit; larger rows are left out."""
+    pieces, current = [], []
+    size = 0
+    for row in rows:
+        text = json_text({name: getattr(row, name, None) for name in ROW_FIELDS})
+        if len(text) > ROW_MOST_BYTES:
+            continue
+        if current and size + len(text) + 1 > _MAX_PAYLOAD - 16:
+            pieces.append('{"rows":[' + ",".join(current) + "]}")
+            current, size = [], 0
+        current.append(text)
+        size += len(text) + 1
+    if current:
+        pieces.append('{"rows":[' + ",".join(current) + "]}")
+    return pieces
+
+
 class PgNotifier:
     def __init__(self, url: str) -> None:
         self._dsn = _dsn(url)
@@ -44,33 +76,48 @@ class PgNotifier:
         self._sender: psycopg.Connection | None = None
         self._listeners: list[Callable[[list[str]], None]] = []
         self._gap_listeners: list[Callable[[], None]] = []
+        self._row_listeners: list[Callable[[list[dict]], None]] = []
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._listening = threading.Event()
 
-    def notify(self, request_ids: Iterable[str]) -> None:
+    def notify(self, request_ids: Iterable[str], rows: Iterable = ()) -> None:
+        """Wake the waiters of `request_ids` everywhere; `rows`: finished futures rows
+        (attributes ROW_FIELDS) among them, which listeners get first (module docstring)."""
         ids = list(request_ids)
         if not ids:
             return
+        pieces = row_pieces(rows) + chunks(ids)
+        # One statement, so one transaction: its notifications arrive together, in order.
+        statement = "SELECT " + ", ".join(["pg_notify(%s, %s)"] * len(pieces))
+        params = [value for piece in pieces for value in (CHANNEL, piece)]
         with self._send_lock:
             for attempt in (1, 2):
                 try:
                     if self._sender is None or self._sender.closed:
                         self._sender = psycopg.connect(self._dsn, autocommit=True)
-                    for piece in chunks(ids):
-                        self._sender.execute("SELECT pg_notify(%s, %s)", (CHANNEL, piece))
+                    self._sender.execute(statement, params)
                     return
                 except psycopg.OperationalError:
                     self._sender = None  # the server restarted: reconnect once
                     if attempt == 2:
                         raise
 
-    def subscribe(self, listener: Callable[[list[str]], None], *, on_gap: Optional[Callable[[], None]] = None) -> None:
+    def subscribe(
+        self,
+        listener: Callable[[list[str]], None],
+        *,
+        on_gap: Optional[Callable[[], None]] = None,
+        on_rows: Optional[Callable[[list[dict]], None]] = None,
+    ) -> None:
         """`listener(ids)` for every notification; `on_gap()` each time LISTEN starts (the
-        first time too), since notifications sent while it was not listening are lost."""
+        first time too), since notifications sent while it was not listening are lost;
+        `on_rows(rows)` for the finished rows sent, before their ids."""
         self._listeners.append(listener)
         if on_gap is not None:
             self._gap_listeners.append(on_gap)
+        if on_rows is not None:
+            self._row_listeners.append(on_rows)
         if self._thread is None:
             self._thread = threading.Thread(target=self._listen, name="pg-listen", daemon=True)
             self._thread.start()
@@ -88,12 +135,24 @@ class PgNotifier:
                     # timeout passes, to notice `close`): no polling of the store.
                     while not self._stop.is_set():
                         for notification in conn.notifies(timeout=1.0):
-                            ids = notification.payload.split(",")
-                            for listener in list(self._listeners):
-                                listener(ids)
+                            self._heard(notification.payload)
             except psycopg.OperationalError:
                 log.warning("pg-listen: connection lost; reconnecting")
                 self._stop.wait(1.0)
+
+    def _heard(self, payload: str) -> None:
+        if payload.startswith("{"):
+            try:
+                rows = json.loads(payload)["rows"]
+            except (ValueError, KeyError, TypeError):
+                log.warning("pg-listen: an unreadable rows notification ignored")
+                return
+            for on_rows in list(self._row_listeners):
+                on_rows(rows)
+            return
+        ids = payload.split(",")
+        for listener in list(self._listeners):
+            listener(ids)
 
     def close(self) -> None:
         self._stop.set()

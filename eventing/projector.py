@@ -50,7 +50,8 @@ class Projector:
             # without waiting for them to be durable: appending an event again is a no-op, so
             # a crash before they are only redelivers what is stored, and the next poll need
             # not sit through an fsync.
-            self.notifier.notify(woken)
+            # The finished rows go along: a gateway in another process answers from them.
+            self.notifier.notify(woken, rows=self.store.finished.peek_many(woken))
             self.consumer.commit(wait=False)
         return len(records)
 

@@ -84,7 +84,9 @@ class Runtime:
                 finished.forget_pending(ids)  # before the wake-up, so a woken poll reads
                 ctx.waiters.notify(ids)
 
-            self.notifier.subscribe(announced, on_gap=finished.clear_pending)
+            # Rows a projector sent with its announcement come first: kept, a woken poll
+            # answers from them without reading the store (eventing/pg_notify.py).
+            self.notifier.subscribe(announced, on_gap=finished.clear_pending, on_rows=finished.put_many)
         else:
             self.notifier.subscribe(ctx.waiters.notify)
         ctx.republish_outbox()

@@ -18,7 +18,7 @@ import functools
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 from sqlalchemy import bindparam, insert, select
 from sqlalchemy.engine import Engine
@@ -84,16 +84,20 @@ class EventStore:
             raise outcome
         return outcome
 
-    def append_many(self, items: list[tuple[Event, Optional[str], Optional[Dedup]]]) -> list:
+    def append_many(self, items: list[tuple[Event, Optional[str], Optional[Dedup]]], published: Sequence[str] = ()) -> list:
         """(event, outbox_topic, dedup) each, in one transaction; per item its `Appended`, or
         the Conflict (409) that item alone raised. A conflict is found before that item
         writes anything, so it leaves its neighbours' writes alone; any other failure (a
         concurrent writer's twin row) rolls the batch back and every item is appended alone,
-        each with its own answer."""
+        each with its own answer. `published`: ids of events the log has acknowledged, whose
+        outbox rows go too (in the same transaction; in one of their own if the batch falls
+        back to single appends): once this returns, they are gone."""
         try:
-            with self._writing, self._kept.begin(rows=len(items)) as conn:
+            with self._writing, self._kept.begin(rows=len(items) + len(published)) as conn:
                 outcomes, finished = self._fold_batch(conn, items, raise_conflicts=False)
+                _delete_outbox_rows(conn, published)
         except IntegrityError:
+            self.mark_published_many(list(published))
             if len(items) > 1:
                 return [self._append_alone(*item) for item in items]
             event, _topic, dedup = items[0]
@@ -282,9 +286,7 @@ class EventStore:
         if not event_ids:
             return
         with self._writing, self._kept.begin(rows=len(event_ids)) as conn:
-            for start in range(0, len(event_ids), 500):
-                chunk = event_ids[start : start + 500]
-                driver_execute(conn, _id_list_sql(conn.dialect, "delete", "outbox", "event_id", len(chunk)), [chunk])
+            _delete_outbox_rows(conn, event_ids)
 
     def read(self, after_position: int = 0, limit: int = 1000) -> list[tuple[int, Event]]:
         with self.engine.connect() as conn:
@@ -378,6 +380,12 @@ def _known_ids_queries(dialect, ids: list[str]) -> list[tuple[str, list[str]]]:
     holds (driver SQL, as the unit of work reads: `unit_of_work._Reader` says why)."""
     chunks = [ids[start : start + 500] for start in range(0, len(ids), 500)]
     return [(_id_list_sql(dialect, "select", "events", "id", len(chunk)), chunk) for chunk in chunks]
+
+
+def _delete_outbox_rows(conn, event_ids: Sequence[str]) -> None:
+    for start in range(0, len(event_ids), 500):
+        chunk = list(event_ids[start : start + 500])
+        driver_execute(conn, _id_list_sql(conn.dialect, "delete", "outbox", "event_id", len(chunk)), [chunk])
 
 
 @functools.lru_cache(maxsize=512)

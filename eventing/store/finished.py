@@ -102,6 +102,11 @@ class FinishedFutures:
             if self._pending:
                 self._pending.clear()
 
+    def peek_many(self, request_ids: Iterable[str]) -> list[SimpleNamespace]:
+        """The kept finished rows among these ids (to announce them to other processes)."""
+        with self._lock:
+            return [row for request_id in request_ids if (row := self._rows.get(request_id)) is not None]
+
     def pending(self, tenant: str, request_id: str) -> bool:
         """Whether this store committed the tenant's future unfinished and has not seen it
         finish since (always False unless `follow_pending`): a hint, see the module docstring."""

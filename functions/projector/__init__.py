@@ -74,7 +74,8 @@ class ProjectorFunction:
         appended = await asyncio.to_thread(self.store.append, event)
         request_id = getattr(event.data, "request_id", None)
         if appended.stored and request_id:
-            await asyncio.to_thread(self.notifier.notify, [request_id])
+            # Its row goes along if finished: the gateways answer from it (eventing/pg_notify.py).
+            await asyncio.to_thread(self.notifier.notify, [request_id], self.store.finished.peek_many([request_id]))
         await asgi.respond_json(send, 200, {"id": event.id, "stored": bool(appended.stored)})
 
 

@@ -109,3 +109,54 @@ def test_the_relay_does_not_republish_a_batch_that_is_being_published(tmp_path):
     assert relay_done.wait(5) and relayed == [0]  # it ran once the batch was done, and found nothing
     assert drain(log) == [b"s1"] and store.unpublished() == []
     log.close()
+
+
+def test_a_published_batchs_outbox_rows_go_with_the_next_batch_and_are_never_published_again(tmp_path):
+    """With another batch queued, a published batch's outbox rows are deleted by that batch's
+    transaction instead of one of their own; until then neither the relay nor `close`
+    publishes them again, and both delete them."""
+    store, log, appender = setup(tmp_path)
+    transactions: list[list[str]] = []
+    append_many, mark = store.append_many, store.mark_published_many
+    store.append_many = lambda items, published=(): (transactions.append(list(published)), append_many(items, published=published))[1]
+    alone: list[list[str]] = []
+    store.mark_published_many = lambda ids: (alone.append(list(ids)), mark(ids))[1]
+    queued = [True]
+    appender._group.queued = lambda: queued[0]  # another batch waiting, or not
+
+    first = created("s1")
+    appender.append(first, TOPIC)
+    assert alone == [] and [e.id for e, _t, _d in store.unpublished()] == [first.id]  # its row waits
+    queued[0] = False
+    appender.append(created("s2"), TOPIC)  # the next batch: its transaction takes s1's row
+    assert transactions[-1] == [first.id] and len(alone) == 1 and store.unpublished() == []
+
+    queued[0] = True
+    third = created("s3")
+    appender.append(third, TOPIC)
+    assert appender.republish_outbox() == 0  # the relay deletes the waiting row, publishes nothing
+    assert alone[-1] == [third.id] and store.unpublished() == []
+    appender.append(created("s4"), TOPIC)
+    appender.close()  # what waits is deleted on the way out
+    assert store.unpublished() == []
+    assert sorted(drain(log)) == [b"s1", b"s2", b"s3", b"s4"]  # each on the log once
+    log.close()
+
+
+def test_a_batch_that_failed_keeps_the_rows_it_was_to_delete(tmp_path):
+    store, log, appender = setup(tmp_path)
+    appender._group.queued = lambda: True
+    first = created("s1")
+    appender.append(first, TOPIC)
+    append_many = store.append_many
+    store.append_many = lambda items, published=(): (_ for _ in ()).throw(RuntimeError("the database is away"))
+    try:
+        appender.append(created("s2"), TOPIC)
+        raise AssertionError("the store's failure must reach the caller")
+    except RuntimeError:
+        pass
+    store.append_many = append_many
+    assert [e.id for e, _t, _d in store.unpublished()] == [first.id]  # not deleted: still to do
+    assert appender.republish_outbox() == 0 and store.unpublished() == []
+    assert drain(log) == [b"s1"]
+    log.close()

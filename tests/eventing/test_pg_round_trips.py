@@ -262,3 +262,22 @@ def test_a_batch_of_training_requests_costs_the_store_two_round_trips(engine, tm
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM futures WHERE request_id LIKE 'req-step-%'")).scalar() == 4
         assert conn.execute(text("SELECT count(*) FROM outbox")).scalar() == 4
+    # The next batch's transaction also deletes the published batch's outbox rows (the
+    # appender's deferred clean-up): still two round trips, no transaction of their own.
+    published = [event.id for event, _topic, _dedup in steps]
+    more = [
+        (new_event(te.OPTIM_STEP["requested"], te.OptimStepRequested(request_id=f"req-step2-{n}", model_id=f"m{n}", seq_id=2, adam_params=AdamParams()),
+                   tenant="t", source="/test", key=f"m{n}"), "t.training", Dedup.of(f"seq:m{n}:2", b"body"))
+        for n in range(4)
+    ]  # fmt: skip
+    traces.clear()
+    sa_event.listen(engine, "checkout", trace)
+    try:
+        outcomes = store.append_many(more, published=published)
+    finally:
+        sa_event.remove(engine, "checkout", trace)
+    assert [o.stored for o in outcomes] == [True] * 4
+    assert sum(t.stop() for t in traces) == 2
+    with engine.connect() as conn:
+        left = conn.execute(text("SELECT event_id FROM outbox")).scalars().all()
+    assert sorted(left) == sorted(event.id for event, _topic, _dedup in more)

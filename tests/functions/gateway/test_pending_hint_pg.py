@@ -63,14 +63,16 @@ def gateway(tmp_path, tiny_files, pg_url, monkeypatch):
         yield client, runtime, future["request_id"], reads
 
 
-def finish_in_another_process(runtime, request_id: str) -> None:
-    """What another process's projector does: store the completion, then announce it."""
+def finish_in_another_process(runtime, request_id: str, with_row: bool = False) -> None:
+    """What another process's projector does: store the completion, then announce it (its
+    finished row along when `with_row`, as `eventing/projector.py` sends it)."""
     url = runtime.engine.url.render_as_string(hide_password=False)
     engine = database.make_engine(url)
     notifier = PgNotifier(url)
     try:
-        EventStore(engine, runtime.codec).append(completed(request_id))
-        notifier.notify([request_id])
+        store = EventStore(engine, runtime.codec)
+        store.append(completed(request_id))
+        notifier.notify([request_id], rows=store.finished.peek_many([request_id]) if with_row else ())
     finally:
         notifier.close()
         engine.dispose()
@@ -133,3 +135,17 @@ def test_a_gateway_of_its_own_on_postgresql_follows_pending_futures(tmp_path, ti
         assert node.runtime.store.finished.pending("t", "r")
     finally:
         node.stop()
+
+
+def test_a_future_announced_with_its_row_is_answered_without_any_read(gateway):
+    client, runtime, request_id, reads = gateway
+    timer = threading.Timer(0.3, finish_in_another_process, (runtime, request_id, True))
+    timer.start()
+    answer = client.post("/api/v1/retrieve_future", json={"request_id": request_id})
+    timer.join()
+    assert answer.status_code == 200 and answer.json() == RESULT
+    assert reads == []  # the announced row answered the woken poll
+    # Another tenant asking for it is answered as for an unknown id, row kept or not.
+    client.headers["X-API-Key"] = KEYS["bob"]
+    theirs = client.post("/api/v1/retrieve_future", json={"request_id": request_id})
+    assert theirs.status_code == 404 and reads == [request_id]
