@@ -35,10 +35,8 @@ MODEL = "openrl/tiny-qwen3"
 RESULT = {"metrics": {"optim/lr": 1e-4}}
 
 
-@pytest.fixture
-def served(tmp_path, tiny_files, monkeypatch):
-    """(start(follow) -> (client, runtime, request_id), store reads so far): a gateway and a
-    projector over one runtime, one optim_step of alice's submitted and running."""
+def count_store_reads(monkeypatch) -> list:
+    """The request ids retrieve_future reads from the store, in order, from now on."""
     reads = []
     answer_if_finished = futures_route._answer_if_finished
 
@@ -47,6 +45,14 @@ def served(tmp_path, tiny_files, monkeypatch):
         return answer_if_finished(ctx, tenant, body, accept)
 
     monkeypatch.setattr(futures_route, "_answer_if_finished", counted)
+    return reads
+
+
+@pytest.fixture
+def served(tmp_path, tiny_files, monkeypatch):
+    """(start(follow) -> (client, runtime, request_id), store reads so far): a gateway and a
+    projector over one runtime, one optim_step of alice's submitted and running."""
+    reads = count_store_reads(monkeypatch)
     running = ExitStack()
 
     def start(follow: bool):

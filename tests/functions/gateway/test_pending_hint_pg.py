@@ -27,7 +27,7 @@ from functions.gateway.routes import futures as futures_route
 from functions.runtime import Runtime
 from functions.serve import Node
 from openrl_core.settings import Settings
-from tests.functions.gateway.test_pending_hint import KEYS, MODEL, RESULT, completed
+from tests.functions.gateway.test_pending_hint import KEYS, MODEL, RESULT, completed, count_store_reads
 
 pytestmark = pytest.mark.postgres
 
@@ -40,14 +40,7 @@ def gateway(tmp_path, tiny_files, pg_url, monkeypatch):
     it, one optim_step of alice's stored and running; `reads` lists the store reads of
     retrieve_future from then on."""
     monkeypatch.setattr(futures_route, "PENDING_HINT_WAIT", WRONG_HINT_WAIT)
-    reads = []
-    answer_if_finished = futures_route._answer_if_finished
-
-    def counted(ctx, tenant, body, accept):
-        reads.append(body.request_id)
-        return answer_if_finished(ctx, tenant, body, accept)
-
-    monkeypatch.setattr(futures_route, "_answer_if_finished", counted)
+    reads = count_store_reads(monkeypatch)
     with ExitStack() as running:
         settings = Settings(data_dir=tmp_path, database_url=pg_url, models=[MODEL], long_poll_seconds=20,
                             api_keys=[f"{t}={k}" for t, k in KEYS.items()])  # fmt: skip
