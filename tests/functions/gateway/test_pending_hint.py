@@ -35,6 +35,25 @@ MODEL = "openrl/tiny-qwen3"
 RESULT = {"metrics": {"optim/lr": 1e-4}}
 
 
+def submit_one_step(client) -> str:
+    """A session, a LoRA model and one optim_step of it; the step's request id."""
+    session = client.post("/api/v1/create_session", json={}).json()["session_id"]
+    model = client.post("/api/v1/create_model", json={"session_id": session, "model_seq_id": 0, "base_model": MODEL,
+                                                      "lora_config": {"rank": 4}}).json()  # fmt: skip
+    return client.post("/api/v1/optim_step", json={"model_id": model["model_id"], "seq_id": 1}).json()["request_id"]
+
+
+def retrieve_finished_meanwhile(client, request_id: str, finish, after: float = 0.3):
+    """retrieve_future while `finish()` runs `after` seconds in; (the answer, seconds waited)."""
+    timer = threading.Timer(after, finish)
+    timer.start()
+    started = time.monotonic()
+    answer = client.post("/api/v1/retrieve_future", json={"request_id": request_id})
+    waited = time.monotonic() - started
+    timer.join()
+    return answer, waited
+
+
 def count_store_reads(monkeypatch) -> list:
     """The request ids retrieve_future reads from the store, in order, from now on."""
     reads = []
@@ -68,12 +87,9 @@ def served(tmp_path, tiny_files, monkeypatch):
         running.callback(stop.set)
         client = running.enter_context(TestClient(create_app(runtime.gateway_context())))
         client.headers["X-API-Key"] = KEYS["alice"]
-        session = client.post("/api/v1/create_session", json={}).json()["session_id"]
-        model = client.post("/api/v1/create_model", json={"session_id": session, "model_seq_id": 0, "base_model": MODEL,
-                                                          "lora_config": {"rank": 4}}).json()  # fmt: skip
-        future = client.post("/api/v1/optim_step", json={"model_id": model["model_id"], "seq_id": 1}).json()
+        request_id = submit_one_step(client)
         reads.clear()
-        return client, runtime, future["request_id"]
+        return client, runtime, request_id
 
     with running:  # on the way out: the client, then the projector, then the runtime
         yield start, reads
@@ -100,12 +116,9 @@ def test_a_running_future_known_to_this_process_is_waited_on_without_a_store_rea
     client, runtime, request_id = start(follow)
     assert runtime.store.finished.pending("alice", request_id) is follow
     # The worker's completion goes through the log and the projector, as in `openrl serve`.
-    timer = threading.Timer(0.3, lambda: runtime.publisher.publish(topics.topic("alice", "completions"), completed(request_id)))
-    timer.start()
-    started = time.monotonic()
-    answer = client.post("/api/v1/retrieve_future", json={"request_id": request_id})
-    waited = time.monotonic() - started
-    timer.join()
+    answer, waited = retrieve_finished_meanwhile(
+        client, request_id, lambda: runtime.publisher.publish(topics.topic("alice", "completions"), completed(request_id))
+    )
     assert answer.status_code == 200 and answer.json() == RESULT
     assert 0.3 <= waited < 2.0  # woken by the completion, as without the hint
     # Followed: no look at the store at all (the woken wait is answered from memory).

@@ -11,7 +11,6 @@ before the store is read) cannot pass for an answer after the announcement."""
 
 from __future__ import annotations
 
-import threading
 import time
 from contextlib import ExitStack
 
@@ -27,7 +26,7 @@ from functions.gateway.routes import futures as futures_route
 from functions.runtime import Runtime
 from functions.serve import Node
 from openrl_core.settings import Settings
-from tests.functions.gateway.test_pending_hint import KEYS, MODEL, RESULT, completed, count_store_reads
+from tests.functions.gateway.test_pending_hint import KEYS, MODEL, RESULT, completed, count_store_reads, retrieve_finished_meanwhile, submit_one_step
 
 pytestmark = pytest.mark.postgres
 
@@ -48,12 +47,9 @@ def gateway(tmp_path, tiny_files, pg_url, monkeypatch):
         running.callback(runtime.close)
         client = running.enter_context(TestClient(create_app(runtime.gateway_context())))
         client.headers["X-API-Key"] = KEYS["alice"]
-        session = client.post("/api/v1/create_session", json={}).json()["session_id"]
-        model = client.post("/api/v1/create_model", json={"session_id": session, "model_seq_id": 0, "base_model": MODEL,
-                                                          "lora_config": {"rank": 4}}).json()  # fmt: skip
-        future = client.post("/api/v1/optim_step", json={"model_id": model["model_id"], "seq_id": 1}).json()
+        request_id = submit_one_step(client)
         reads.clear()
-        yield client, runtime, future["request_id"], reads
+        yield client, runtime, request_id, reads
 
 
 def finish_in_another_process(runtime, request_id: str, with_row: bool = False) -> None:
@@ -81,12 +77,7 @@ def wait_until(condition, seconds: float = 10.0) -> None:
 def test_a_running_future_is_waited_on_without_a_first_read_and_answered_once_announced(gateway):
     client, runtime, request_id, reads = gateway
     assert runtime.store.finished.pending("alice", request_id)
-    timer = threading.Timer(0.3, finish_in_another_process, (runtime, request_id))
-    timer.start()
-    started = time.monotonic()
-    answer = client.post("/api/v1/retrieve_future", json={"request_id": request_id})
-    waited = time.monotonic() - started
-    timer.join()
+    answer, waited = retrieve_finished_meanwhile(client, request_id, lambda: finish_in_another_process(runtime, request_id))
     assert answer.status_code == 200 and answer.json() == RESULT
     assert 0.3 <= waited < WRONG_HINT_WAIT - 1  # woken by the announcement, not by the hint's timeout
     assert reads == [request_id]  # the woken look only (without the hint: the first look too)
@@ -132,10 +123,7 @@ def test_a_gateway_of_its_own_on_postgresql_follows_pending_futures(tmp_path, ti
 
 def test_a_future_announced_with_its_row_is_answered_without_any_read(gateway):
     client, runtime, request_id, reads = gateway
-    timer = threading.Timer(0.3, finish_in_another_process, (runtime, request_id, True))
-    timer.start()
-    answer = client.post("/api/v1/retrieve_future", json={"request_id": request_id})
-    timer.join()
+    answer, _waited = retrieve_finished_meanwhile(client, request_id, lambda: finish_in_another_process(runtime, request_id, True))
     assert answer.status_code == 200 and answer.json() == RESULT
     assert reads == []  # the announced row answered the woken poll
     # Another tenant asking for it is answered as for an unknown id, row kept or not.
