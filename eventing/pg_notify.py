@@ -40,32 +40,26 @@ def _dsn(url: str) -> str:
 
 
 def chunks(ids: list[str]) -> list[str]:
-    pieces, current = [], ""
-    for request_id in ids:
-        if current and len(current) + 1 + len(request_id) > _MAX_PAYLOAD:
-            pieces.append(current)
-            current = ""
-        current = f"{current},{request_id}" if current else request_id
-    if current:
-        pieces.append(current)
-    return pieces
+    return _joined(ids, "", "")
 
 
 def row_pieces(rows: Iterable) -> list[str]:
     """The small rows' payloads, each under the payload limit; larger rows are left out."""
-    pieces, current = [], []
-    size = 0
-    for row in rows:
-        text = json_text({name: getattr(row, name, None) for name in ROW_FIELDS})
-        if len(text) > ROW_MOST_BYTES:
-            continue
-        if current and size + len(text) + 1 > _MAX_PAYLOAD - 16:
-            pieces.append('{"rows":[' + ",".join(current) + "]}")
-            current, size = [], 0
+    texts = (json_text({name: getattr(row, name, None) for name in ROW_FIELDS}) for row in rows)
+    return _joined([text for text in texts if len(text) <= ROW_MOST_BYTES], '{"rows":[', "]}")
+
+
+def _joined(texts: list[str], head: str, tail: str) -> list[str]:
+    """`texts` comma-joined between `head` and `tail`, in as few payloads under the limit as fit."""
+    pieces, current, size = [], [], len(head) + len(tail)
+    for text in texts:
+        if current and size + 1 + len(text) > _MAX_PAYLOAD:
+            pieces.append(head + ",".join(current) + tail)
+            current, size = [], len(head) + len(tail)
+        size += len(text) + (1 if current else 0)
         current.append(text)
-        size += len(text) + 1
     if current:
-        pieces.append('{"rows":[' + ",".join(current) + "]}")
+        pieces.append(head + ",".join(current) + tail)
     return pieces
 
 
