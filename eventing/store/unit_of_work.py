@@ -117,7 +117,13 @@ class _Reader:
         self.head = f"SELECT {', '.join(prepare.quote(c) for c in self.columns)} FROM {prepare.format_table(source)} WHERE "
         self.mark = driver_mark(dialect)
         self.primary = [prepare.quote(c) for c in _PRIMARY[table]]
-        self.values_list = dialect.name == "sqlite"  # SQLite compares row values with a VALUES list
+        # On SQLite a composite key is matched as `(a = ? AND b = ?) OR ...`, which it plans
+        # as one primary-key search per key (MULTI-INDEX OR). Its row-value forms do not:
+        # `(a, b) IN (VALUES ...)` scanned the whole table, and `IN (SELECT * FROM (VALUES
+        # ...))` searched by the first column only (SQLite 3.40; 8 keys of 50,000 rows: 5.4 ms
+        # against 12 us), while the submissions, run_steps and checkpoints tables grow with
+        # every request.
+        self.ored_keys = dialect.name == "sqlite"
         self._sql: dict[int, str] = {}
 
     def by_keys(self, conn: Connection, keys: list[Key]) -> list[Row]:
@@ -141,9 +147,10 @@ class _Reader:
     def _match(self, count: int) -> str:
         if len(self.primary) == 1:
             return f"{self.primary[0]} IN ({', '.join([self.mark] * count)})"
+        if self.ored_keys:
+            return " OR ".join([f"({' AND '.join(f'{column} = {self.mark}' for column in self.primary)})"] * count)
         one = f"({', '.join([self.mark] * len(self.primary))})"
-        listed = ", ".join([one] * count)
-        return f"({', '.join(self.primary)}) IN ({'VALUES ' if self.values_list else ''}{listed})"
+        return f"({', '.join(self.primary)}) IN ({', '.join([one] * count)})"
 
     def _processors(self, description) -> list:
         """(column index, processor) for the columns that have one; `by_name` the same by name."""

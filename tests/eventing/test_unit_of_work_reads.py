@@ -6,7 +6,7 @@ big integers, timestamps with microseconds); keys single and composite, some abs
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import and_, insert, or_, select
+from sqlalchemy import Integer, and_, insert, or_, select
 
 from eventing.store import database
 from eventing.store import tables as t
@@ -154,3 +154,41 @@ def test_a_fresh_rows_latest_is_the_greatest_of_what_it_holds_asked_in_any_order
     step("a", 3), step("c", 1)
     for model in ("a", "b", "c", "d"):
         assert latest(model) == inserted[model]
+
+
+COMPOSITE = [name for name in t.metadata.tables if len(uow._PRIMARY.get(name, ())) > 1]
+
+
+@pytest.mark.parametrize("count", [1, 8, 500])
+@pytest.mark.parametrize("table", COMPOSITE)
+def test_sqlite_reads_a_composite_key_by_its_whole_primary_key(tmp_path, table, count):
+    """SQLite's plan for a read by composite keys searches the primary key with every one of
+    its columns, once per key, and never scans the table: its row-value forms did (a scan
+    for `IN (VALUES ...)`, the first column only for `IN (SELECT ...)`), so every batch's
+    submissions lookup grew with the table (unit_of_work._Reader)."""
+    engine = database.make_engine(f"sqlite:///{tmp_path / 'plan.db'}")
+    database.upgrade(engine)
+    columns = uow._PRIMARY[table]
+    keys = [tuple(i if isinstance(t.metadata.tables[table].c[c].type, Integer) else f"k{i}" for c in columns) for i in range(count)]
+    with engine.connect() as conn:
+        sql, params = uow._reader(conn.dialect, table).query(keys)
+        plan = [row[3] for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", tuple(params))]
+    engine.dispose()
+    touching = [step for step in plan if f" {table} " in f" {step} "]
+    whole_key = f"({' AND '.join(f'{c}=?' for c in columns)})"
+    assert touching and all(step.startswith(f"SEARCH {table} USING") and step.endswith(whole_key) for step in touching), plan
+    assert len(touching) == count
+
+
+def test_a_runs_steps_read_by_composite_key_as_core_reads_them(engine):
+    """The integer half of a composite key (run_steps' step) matches as Core's select does."""
+    when = future_rows("")[0]["created_at"]
+    steps = [dict(model_id=f"m{m}", step=s, tenant="alice", tokens=s, forward_backward=1, first_request_at=when) for m in range(2) for s in range(5)]
+    with engine.begin() as conn:
+        conn.execute(insert(t.run_steps), steps)
+    keys = [("m0", 0), ("m0", 4), ("m1", 2), ("m1", 9), ("m9", 0)]
+    with engine.connect() as conn:
+        want = core(conn, t.run_steps, keys)
+        got = {uow.key_of("run_steps", row): row for row in uow._reader(conn.dialect, "run_steps").by_keys(conn, keys)}
+    assert sorted(want) == [("m0", 0), ("m0", 4), ("m1", 2)]
+    assert got == want
