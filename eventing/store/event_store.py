@@ -52,6 +52,7 @@ _STORED, _FENCED, _REDELIVERED = Appended(stored=True), Appended(stored=True, fe
 _EVENT_INSERT = insert(t.events)
 _OUTBOX_INSERT = insert(t.outbox)
 _KNOWN_IDS = select(t.events.c.id).where(t.events.c.id.in_(bindparam("b_ids", expanding=True)))
+_EVENTS_BY_ID = select(t.events).where(t.events.c.id.in_(bindparam("b_ids", expanding=True)))
 _SUBMISSION = select(t.submissions).where(
     t.submissions.c.tenant == bindparam("b_tenant"), t.submissions.c.dedup_key == bindparam("b_key")
 )
@@ -273,11 +274,15 @@ class EventStore:
 
     def unpublished(self) -> list[tuple[Event, str, Optional[Dedup]]]:
         """Outbox events not yet on the log: (event, topic, its dedup identity)."""
+        # The outbox first, then its events by id: as one join ordered by position, SQLite
+        # walked every stored event to find the few in the outbox (its plan: SCAN events),
+        # and the relay asks every few seconds while it holds the appender's writer.
         with self.engine.connect() as conn:
-            rows = conn.execute(
-                select(t.events, t.outbox.c.topic).join(t.outbox, t.outbox.c.event_id == t.events.c.id).order_by(t.events.c.position)
-            ).all()
-        return [(self._row_to_event(row), row.topic, _dedup_of(row)) for row in rows]
+            topics = dict(conn.execute(select(t.outbox.c.event_id, t.outbox.c.topic)).all())
+            ids = list(topics)
+            rows = [row for start in range(0, len(ids), 500) for row in conn.execute(_EVENTS_BY_ID, {"b_ids": ids[start : start + 500]})]
+        rows.sort(key=lambda row: row.position)
+        return [(self._row_to_event(row), topics[row.id], _dedup_of(row)) for row in rows]
 
     def mark_published(self, event_id: str) -> None:
         self.mark_published_many([event_id])

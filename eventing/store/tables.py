@@ -185,6 +185,7 @@ checkpoints = Table(
     Column("user_metadata", JSON),
     Column("public", Boolean, nullable=False, default=False),
     Index(None, "tenant"),
+    Index(None, "expires_at"),  # the reaper's sweep (`Projections.expired_checkpoints`), every minute
 )
 
 sampling_sessions = Table(

@@ -258,3 +258,43 @@ def test_read_packed_reads_what_the_sqlalchemy_rows_hold(store):
         expected = Dedup(row.dedup_key, row.dedup_sha256, bool(row.dedup_rejected)) if row.dedup_key else None
         assert dedup == expected
         assert data == bytes(row.data or b"") and (claim.sha256 if claim else None) == row.claim_sha256
+
+
+def test_the_outbox_is_read_in_log_order_without_walking_every_event(store):
+    """`unpublished` gives the outbox's events in the order they were stored, each with its
+    topic, past one IN list's 500 ids; on SQLite no statement of it scans the events table
+    (a join ordered by position walked every stored event, every few seconds, in the relay)."""
+    from tests.eventing.sqlite_plans import scanned, statements
+
+    store, _ = store
+    for n in range(30):  # published long ago: in the store, not in the outbox
+        session(store, f"old{n}")
+    topics = [f"openrl.alice.training.{n % 3}" for n in range(620)]
+    appended = []
+    for start in range(0, len(topics), 100):
+        batch = [(ev(se.SESSION_CREATED, se.SessionCreated(session_id=f"s{n}")), topics[n], None) for n in range(start, min(start + 100, len(topics)))]
+        store.append_many(batch)
+        appended += [(event.id, topic) for event, topic, _dedup in batch]
+    store.mark_published_many([event_id for event_id, _topic in appended[::7]])
+    left = [pair for index, pair in enumerate(appended) if index % 7]
+    with statements(store.engine) as seen:
+        pending = store.unpublished()
+    assert [(event.id, topic) for event, topic, _dedup in pending] == left
+    if store.engine.dialect.name == "sqlite":
+        with store.engine.connect() as conn:
+            assert seen and scanned(conn, "events", seen) == []
+
+
+def test_the_reapers_sweep_searches_by_expiry(store):
+    """The reaper's every-minute read of expired checkpoints (every tenant's) goes by the
+    expiry index on SQLite, not through every checkpoint row (migration 0007)."""
+    from datetime import datetime, timezone
+
+    from tests.eventing.sqlite_plans import scanned, statements
+
+    store, reads = store
+    with statements(store.engine) as seen:
+        assert reads.expired_checkpoints(datetime.now(timezone.utc)) == []
+    if store.engine.dialect.name == "sqlite":
+        with store.engine.connect() as conn:
+            assert seen and scanned(conn, "checkpoints", seen) == []

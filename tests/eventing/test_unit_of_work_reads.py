@@ -11,6 +11,7 @@ from sqlalchemy import Integer, and_, insert, or_, select
 from eventing.store import database
 from eventing.store import tables as t
 from eventing.store import unit_of_work as uow
+from tests.eventing.sqlite_plans import plan_of
 from tests.eventing.test_unit_of_work_writes import AWKWARD, future_rows
 
 
@@ -172,7 +173,7 @@ def test_sqlite_reads_a_composite_key_by_its_whole_primary_key(tmp_path, table, 
     keys = [tuple(i if isinstance(t.metadata.tables[table].c[c].type, Integer) else f"k{i}" for c in columns) for i in range(count)]
     with engine.connect() as conn:
         sql, params = uow._reader(conn.dialect, table).query(keys)
-        plan = [row[3] for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", tuple(params))]
+        plan = plan_of(conn, sql, params)
     engine.dispose()
     touching = [step for step in plan if f" {table} " in f" {step} "]
     whole_key = f"({' AND '.join(f'{c}=?' for c in columns)})"
