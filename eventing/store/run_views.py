@@ -37,19 +37,16 @@ class RunViews:
         self.engine = engine
 
     def _runs_query(self, tenant: Optional[str]):
+        # Counted per run, through run_steps' primary key: as a grouped subquery joined to the
+        # runs, every tenant's every step was counted for each read, one run's included.
         steps = (
-            select(t.run_steps.c.model_id, func.count().label("steps"))
-            .where(t.run_steps.c.completed_at.is_not(None))
-            .group_by(t.run_steps.c.model_id)
-            .subquery()
+            select(func.count())
+            .where(t.run_steps.c.model_id == t.training_runs.c.model_id, t.run_steps.c.completed_at.is_not(None))
+            .correlate(t.training_runs)
+            .scalar_subquery()
         )
         return (
-            select(
-                t.training_runs,
-                func.coalesce(steps.c.steps, 0).label("steps"),
-                t.sessions.c.finished_at.label("session_finished_at"),
-            )
-            .outerjoin(steps, steps.c.model_id == t.training_runs.c.model_id)
+            select(t.training_runs, steps.label("steps"), t.sessions.c.finished_at.label("session_finished_at"))
             .outerjoin(t.sessions, t.sessions.c.session_id == t.training_runs.c.session_id)
             .where(_mine(t.training_runs, tenant))
         )

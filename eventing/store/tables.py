@@ -105,6 +105,11 @@ futures = Table(
     # it have), and its futures of the last minute (the sampling window).
     Index(None, "tenant", "state"),
     Index(None, "tenant", "created_at"),
+    # A run's or sampling session's futures (a fork's request, a session's finished samples,
+    # a cancel's open futures): by tenant alone these read every future the tenant ever had.
+    # The tenant leads, so SQLite (which plans without statistics) prefers this index to
+    # (tenant, state) where a read names all three.
+    Index(None, "tenant", "model_id", "state"),
 )
 
 sessions = Table(
@@ -146,6 +151,7 @@ training_runs = Table(
     Column("forked_from_run", String(200)),
     Column("forked_from_step", Integer),
     Index(None, "tenant"),
+    Index(None, "session_id"),  # a session listing's counts
 )
 
 # One row per optim_step of a run, folded from the completions (which the trainer emits in
@@ -184,7 +190,9 @@ checkpoints = Table(
     Column("expires_at", DateTime(timezone=True)),
     Column("user_metadata", JSON),
     Column("public", Boolean, nullable=False, default=False),
-    Index(None, "tenant"),
+    # With the run: by the tenant alone SQLite chose it over the primary key for one run's
+    # checkpoints, and read every checkpoint of the tenant.
+    Index(None, "tenant", "run_id"),
     Index(None, "expires_at"),  # the reaper's sweep (`Projections.expired_checkpoints`), every minute
 )
 
@@ -204,6 +212,8 @@ sampling_sessions = Table(
     Column("run_id", String(200)),
     Column("closed_at", DateTime(timezone=True)),
     Index(None, "tenant"),
+    Index(None, "session_id"),  # a session listing's counts
+    Index(None, "tenant", "run_id"),  # a run's sampling sessions
 )
 
 # The highest lease each key's (model's) applied events carried: an event under a lower

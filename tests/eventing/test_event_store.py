@@ -260,12 +260,10 @@ def test_read_packed_reads_what_the_sqlalchemy_rows_hold(store):
         assert data == bytes(row.data or b"") and (claim.sha256 if claim else None) == row.claim_sha256
 
 
-def test_the_outbox_is_read_in_log_order_without_walking_every_event(store):
+def test_the_outbox_is_read_in_log_order(store):
     """`unpublished` gives the outbox's events in the order they were stored, each with its
-    topic, past one IN list's 500 ids; on SQLite no statement of it scans the events table
-    (a join ordered by position walked every stored event, every few seconds, in the relay)."""
-    from tests.eventing.sqlite_plans import scanned, statements
-
+    topic, past one IN list's 500 ids (its events are read by id since it stopped walking
+    every event: tests/eventing/test_read_plans.py)."""
     store, _ = store
     for n in range(30):  # published long ago: in the store, not in the outbox
         session(store, f"old{n}")
@@ -277,24 +275,5 @@ def test_the_outbox_is_read_in_log_order_without_walking_every_event(store):
         appended += [(event.id, topic) for event, topic, _dedup in batch]
     store.mark_published_many([event_id for event_id, _topic in appended[::7]])
     left = [pair for index, pair in enumerate(appended) if index % 7]
-    with statements(store.engine) as seen:
-        pending = store.unpublished()
-    assert [(event.id, topic) for event, topic, _dedup in pending] == left
-    if store.engine.dialect.name == "sqlite":
-        with store.engine.connect() as conn:
-            assert seen and scanned(conn, "events", seen) == []
+    assert [(event.id, topic) for event, topic, _dedup in store.unpublished()] == left
 
-
-def test_the_reapers_sweep_searches_by_expiry(store):
-    """The reaper's every-minute read of expired checkpoints (every tenant's) goes by the
-    expiry index on SQLite, not through every checkpoint row (migration 0007)."""
-    from datetime import datetime, timezone
-
-    from tests.eventing.sqlite_plans import scanned, statements
-
-    store, reads = store
-    with statements(store.engine) as seen:
-        assert reads.expired_checkpoints(datetime.now(timezone.utc)) == []
-    if store.engine.dialect.name == "sqlite":
-        with store.engine.connect() as conn:
-            assert seen and scanned(conn, "checkpoints", seen) == []
