@@ -30,6 +30,8 @@ from eventing.store import projections
 from eventing.store import tables as t
 from eventing.store.finished import FinishedFutures
 from eventing.store.kept import kept
+from eventing.store.known_runs import IGNORED as RUN_COLUMNS_NOT_KEPT
+from eventing.store.known_runs import KnownRuns
 from eventing.store.rebuilding import Rebuilder
 from eventing.store.unit_of_work import Rows, driver_execute, driver_mark, execute_many, utc
 from openrl_core.errors import Conflict
@@ -67,6 +69,8 @@ class EventStore:
         self.codec = codec
         # Futures finished by this process's transactions, for the long-polls beside them.
         self.finished = FinishedFutures(finished_cached)
+        # Runs' rows for the gateway's lookups, where this process sees every change (known_runs.py).
+        self.runs = KnownRuns()
         # SQLite lets one connection write at a time and makes the others wait by sleeping
         # and trying again (1, 2, 5, 10, 15, 20 ms, ... up to the busy timeout): under load the
         # gateway's writer and the projector, which both write here, slept on each other so
@@ -95,7 +99,7 @@ class EventStore:
         back to single appends): once this returns, they are gone."""
         try:
             with self._writing, self._kept.begin(rows=len(items) + len(published)) as conn:
-                outcomes, finished = self._fold_batch(conn, items, raise_conflicts=False)
+                outcomes, finished, runs = self._fold_batch(conn, items, raise_conflicts=False)
                 _delete_outbox_rows(conn, published)
         except IntegrityError:
             self.mark_published_many(list(published))
@@ -107,6 +111,7 @@ class EventStore:
                 raise
             return [raced]
         self.finished.put_many(finished)  # committed: their rows are the store's now
+        self.runs.changed(runs)
         return outcomes
 
     def _append_alone(self, event: Event, outbox_topic: Optional[str], dedup: Optional[Dedup]):
@@ -135,10 +140,11 @@ class EventStore:
         appended one by one, which answers each collision as `append` does."""
         try:
             with self._writing, self._kept.begin(rows=len(events)) as conn:
-                outcomes, finished = self._fold_batch(conn, [(event, None, dedup) for event, dedup in events], raise_conflicts=True)
+                outcomes, finished, runs = self._fold_batch(conn, [(event, None, dedup) for event, dedup in events], raise_conflicts=True)
         except IntegrityError:
             return sum(self.append(event, dedup=dedup).stored for event, dedup in events)
         self.finished.put_many(finished)
+        self.runs.changed(runs)
         return sum(outcome.stored for outcome in outcomes)
 
     def _fold_batch(self, conn, items, raise_conflicts: bool, rows: Optional[Rows] = None, known: Optional[set] = None, packed=None) -> list:
@@ -176,8 +182,9 @@ class EventStore:
         # Rows is a rebuild's, into a store no long-poll reads while it is made (a miss there
         # only means a read), and copying its every future cost about 3% of the rebuild.
         finished = [dict(row) for row in rows.changed("futures")] if not rows.fresh else []
+        runs = [key[0] for key in rows.changed_keys("training_runs", RUN_COLUMNS_NOT_KEPT)] if self.runs.following else []
         rows.flush()
-        return outcomes, finished
+        return outcomes, finished, runs
 
     def _prefetch(self, rows: Rows, items, ids: Optional[list[str]] = None) -> Optional[set[str]]:
         """Read, in one query per table, the rows the batch's fold will ask for, and which of

@@ -187,7 +187,7 @@ class Rebuilder:
         conn = self._connection()
         try:
             with conn.begin():
-                outcomes, finished = self.store._fold_batch(conn, items, True, rows=self._rows, known=self._known, packed=packed)
+                outcomes, finished, _runs = self.store._fold_batch(conn, items, True, rows=self._rows, known=self._known, packed=packed)
         except IntegrityError:
             # Someone else wrote into the target: what this Rows holds may no longer be all
             # there is. Start over on the live path for this batch and the rest.
@@ -205,7 +205,7 @@ class Rebuilder:
         committed, and return while they are written (see `_Writer`)."""
         writes = writer.writes()
         try:
-            outcomes, finished = self.store._fold_batch(writes, items, True, rows=self._rows, known=self._known, packed=packed)
+            outcomes, finished, _runs = self.store._fold_batch(writes, items, True, rows=self._rows, known=self._known, packed=packed)
         except BaseException:
             self._settle_quietly()
             self._drop()  # nothing of this batch was written

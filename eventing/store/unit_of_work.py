@@ -288,12 +288,24 @@ class _Compiled:
         names = list(compiled.positiontup) if self.positional else list(compiled.binds)
         self.order = [(name, processors.get(name)) for name in names]
         self.rows_insert = _RowsInsert.of(statement, dialect, keys, processors)
+        # A row's values in order by one C call, then only the columns with a processor
+        # touched in Python: the per-column loop was most of a batch's parameter work.
+        self._values = operator.itemgetter(*names) if len(names) > 1 else (lambda row, _name=names[0]: (row[_name],))
+        self._processed = [(i, process) for i, (_name, process) in enumerate(self.order) if process is not None]
 
     def params(self, rows: list[dict]) -> list:
-        order = self.order
-        if self.positional:
-            return [tuple([process(row[name]) if process else row[name] for name, process in order]) for row in rows]
-        return [{name: process(row[name]) if process else row[name] for name, process in order} for row in rows]
+        if not self.positional:
+            return [{name: process(row[name]) if process else row[name] for name, process in self.order} for row in rows]
+        values, processed = self._values, self._processed
+        if not processed:
+            return [values(row) for row in rows]
+        out = []
+        for row in rows:
+            one = list(values(row))
+            for i, process in processed:
+                one[i] = process(one[i])
+            out.append(one)
+        return out
 
 
 def _bind_processor(type_, dialect):
@@ -694,6 +706,11 @@ class Rows:
     def changed(self, table: str) -> list[Row]:
         """The rows of `table` this transaction inserted or changed (before `flush`)."""
         return [row for key in self._changed[table] if (row := self._rows[table][key]) is not None]
+
+    def changed_keys(self, table: str, ignoring: frozenset[str] = frozenset()) -> list[Key]:
+        """The keys of `table` this transaction inserted, deleted or changed in a column not
+        in `ignoring` (before `flush`)."""
+        return [key for key, columns in self._changed[table].items() if not columns or not columns <= ignoring]
 
     def flush(self) -> None:
         """Write back every change: inserts, updates by changed columns, deletes."""

@@ -58,7 +58,12 @@ def require_session(ctx: GatewayContext, tenant: str, session_id: str):
 
 
 def require_run(ctx: GatewayContext, tenant: str, model_id: str):
-    row = ctx.projections.run(tenant, model_id)
+    known = ctx.store.runs  # kept rows, where this process sees every change (eventing/store/known_runs.py)
+    row = known.get(tenant, model_id)
+    if row is None:
+        generation = known.generation()
+        row = ctx.projections.run(tenant, model_id)
+        known.put(model_id, row, generation)
     if row is None:
         raise NotFound(f"unknown model_id {model_id!r}")
     if row.state == "failed":
