@@ -249,18 +249,17 @@ CONFIGS = {
     "embedded-nofsync": lambda: Config("embedded-nofsync", "  same, log_fsync=false", fsync=False),
     "embedded-pg": lambda: Config("embedded-pg", "  embedded log + PostgreSQL", postgres=True),
     "noida": lambda: Config("noida", "Kafka (noida-db) + PostgreSQL", "kafka", broker="noida", postgres=True),
-    # noida-db answers an empty fetch at once (it ignores fetch.max.wait.ms), so idle consumers
-    # spin unless they pause between empty fetches (the setting a noida deployment uses).
+    # noida-db answers an empty fetch at once (it ignores fetch.max.wait.ms), so an idle
+    # consumer pauses between empty fetches: 1 ms by default (kafka_idle_poll_pause_ms), 5 here.
     "noida-pause": lambda: Config(
         "noida-pause", "  same, idle poll pause 5 ms", "kafka", broker="noida", postgres=True,
         env={"OPENRL_KAFKA_IDLE_POLL_PAUSE_MS": "5"},
     ),  # fmt: skip
     "noida-split": lambda: Config("noida-split", "  same, one process per role", "kafka", broker="noida", postgres=True, split=True),
-    # Split, an idle consumer's spinning (above) takes a core from the other processes; a
-    # 1 ms pause (5 ms above) keeps most of that CPU and adds little latency.
-    "noida-split-pause": lambda: Config(
-        "noida-split-pause", "  same, per role, idle poll pause 1 ms", "kafka", broker="noida", postgres=True, split=True,
-        env={"OPENRL_KAFKA_IDLE_POLL_PAUSE_MS": "1"},
+    # Split, without the pause, each idle consumer spins and takes CPU from the other processes.
+    "noida-split-nopause": lambda: Config(
+        "noida-split-nopause", "  same, per role, no idle poll pause", "kafka", broker="noida", postgres=True, split=True,
+        env={"OPENRL_KAFKA_IDLE_POLL_PAUSE_MS": "0"},
     ),  # fmt: skip
     # Tansu holds every fetch for the consumer's full fetch_max_wait_ms even when records
     # arrive (Kafka answers at once), so a Tansu deployment lowers the wait (500 ms by default).

@@ -74,13 +74,18 @@ class Settings(BaseSettings):
         description="longest a consumer's fetch waits at the broker for records when bus=kafka (Kafka's default 500); "
         "lower it for brokers that hold every fetch that long (Tansu), which otherwise adds it to each event's latency",
     )
+    # 1 ms by default: on a broker that holds an empty fetch (Kafka, for kafka_fetch_max_wait_ms)
+    # a fetch comes back empty once per wait, so the pause costs nothing there; on noida-db,
+    # which answers at once, idle consumers without it spun, taking a core from the rest of a
+    # busy machine (README, futures bench: one process per role).
     kafka_idle_poll_pause_ms: int = Field(
-        0,
+        1,
         ge=0,
         le=1000,
         description="when bus=kafka and above 0: a consumer whose fetch found nothing pauses this long before the next "
         "instead of fetching again at once; for brokers that answer an empty fetch at once instead of holding it for "
-        "kafka_fetch_max_wait_ms (noida-db), on which idle consumers otherwise spin a core. Adds up to this much latency",
+        "kafka_fetch_max_wait_ms (noida-db), on which idle consumers otherwise spin a core. Adds up to this much latency; "
+        "0: no pause",
     )
     log_partitions: int = Field(4, ge=1, le=64, description="partitions per topic (embedded log, and Kafka topics OpenRL creates)")
     log_fsync: bool = Field(True, description="embedded log: fsync every append (SQLite synchronous=FULL)")
@@ -342,7 +347,10 @@ class Settings(BaseSettings):
             self.quota_requests_in_flight, self.quota_queued_training_tokens, self.quota_sampling_tokens_per_minute,
             self.quota_checkpoint_bytes, None if own is None else repr(own),
         )  # fmt: skip
-        kept = self._quotas_kept.get(tenant)
+        # Through the private-attribute dict itself: pydantic answers `self._quotas_kept` in
+        # its __getattr__, 1.7 us here, most of this call's cost (three a submission).
+        cache = self.__pydantic_private__["_quotas_kept"]
+        kept = cache.get(tenant)
         if kept is not None and kept[0] == made_from:
             return kept[1]
         defaults = Quotas(
@@ -352,7 +360,7 @@ class Settings(BaseSettings):
             checkpoint_bytes=self.quota_checkpoint_bytes,
         )
         limits = limits_for(defaults, self.tenant_quotas, tenant)
-        self._quotas_kept[tenant] = (made_from, limits)
+        cache[tenant] = (made_from, limits)
         return limits
 
     @field_validator("scheduler_default_job_memory")
