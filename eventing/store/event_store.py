@@ -147,9 +147,11 @@ class EventStore:
         self.runs.changed(runs)
         return sum(outcome.stored for outcome in outcomes)
 
-    def _fold_batch(self, conn, items, raise_conflicts: bool, rows: Optional[Rows] = None, known: Optional[set] = None, packed=None) -> list:
-        """`rows` and `known` (the ids stored) are a rebuild's own, kept across its batches;
-        `packed`: per item its stored (data, claim) as another store holds it, copied as is."""
+    def _fold_batch(self, conn, items, raise_conflicts: bool, rows: Optional[Rows] = None, known: Optional[set] = None, packed=None) -> tuple[list, list, list]:
+        """(per item its outcome, the futures rows it changed, the runs whose kept rows it
+        makes stale) once written; `rows` and `known` (the ids stored) are a rebuild's own,
+        kept across its batches; `packed`: per item its stored (data, claim) as another store
+        holds it, copied as is."""
         if rows is None:
             rows = Rows(conn)
         rows.conn = conn
