@@ -48,3 +48,23 @@ def test_path_tricks_are_refused(bad):
 
 def test_tenant_ids_are_stable_and_key_dependent():
     assert tenant_for_key("tml-a") == tenant_for_key("tml-a") != tenant_for_key("tml-b")
+
+
+def test_new_ids_are_uuid7_and_sort_by_their_time(monkeypatch):
+    """Event, session and request ids are RFC 9562 version-7 UUIDs: unique, and one made in a
+    later millisecond sorts after (the store's indexes on them grow at their right edge)."""
+    import time
+    import uuid
+
+    from openrl_core import ids
+
+    made = [ids.new_uuid() for _ in range(2000)]
+    assert len(set(made)) == len(made)
+    assert all(uuid.UUID(one).version == 7 and uuid.UUID(one).variant == uuid.RFC_4122 and str(uuid.UUID(one)) == one for one in made)
+    now = time.time_ns()
+    clock = iter([now, now + 1_000_000, now + 2_000_000, now + 3_000_000])
+    monkeypatch.setattr(ids.time, "time_ns", lambda: next(clock))
+    earlier, later = ids.new_uuid(), ids.new_uuid()
+    first, second = ids.new_request_id(), ids.new_request_id()
+    assert earlier < later and first < second and first.startswith("req-") and len(first) == 36
+    assert int(uuid.UUID(earlier).hex[:12], 16) == now // 1_000_000  # the time is the first 48 bits
