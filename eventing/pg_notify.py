@@ -13,6 +13,11 @@ the store, as it does for rows its own process committed (`eventing/store/finish
 terminal row never changes, so a copy is as good as the store's. A row whose JSON is longer
 than ROW_MOST_BYTES (a forward_backward's logprobs) goes by id alone and is read. A listener
 of an older version splits such a piece into nonsense ids, which wake nobody.
+
+Every store on PostgreSQL also announces the training runs its transaction changed, as
+`{"runs": [...]}` pieces sent by a NOTIFY inside that transaction (`run_pieces`,
+`EventStore.announce_runs`): a gateway drops its kept rows of them (`on_runs`,
+`eventing/store/known_runs.py`).
 """
 
 from __future__ import annotations
@@ -49,6 +54,11 @@ def row_pieces(rows: Iterable) -> list[str]:
     return _joined([text for text in texts if len(text) <= ROW_MOST_BYTES], '{"rows":[', "]}")
 
 
+def run_pieces(model_ids: list[str]) -> list[str]:
+    """The payloads that announce these runs changed, each under the payload limit."""
+    return _joined([json.dumps(model_id) for model_id in model_ids], '{"runs":[', "]}")
+
+
 def _joined(texts: list[str], head: str, tail: str) -> list[str]:
     """`texts` comma-joined between `head` and `tail`, in as few payloads under the limit as fit."""
     pieces, current, size = [], [], len(head) + len(tail)
@@ -71,6 +81,7 @@ class PgNotifier:
         self._listeners: list[Callable[[list[str]], None]] = []
         self._gap_listeners: list[Callable[[], None]] = []
         self._row_listeners: list[Callable[[list[dict]], None]] = []
+        self._run_listeners: list[Callable[[list[str]], None]] = []
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._listening = threading.Event()
@@ -103,15 +114,19 @@ class PgNotifier:
         *,
         on_gap: Optional[Callable[[], None]] = None,
         on_rows: Optional[Callable[[list[dict]], None]] = None,
+        on_runs: Optional[Callable[[list[str]], None]] = None,
     ) -> None:
         """`listener(ids)` for every notification; `on_gap()` each time LISTEN starts (the
         first time too), since notifications sent while it was not listening are lost;
-        `on_rows(rows)` for the finished rows sent, before their ids."""
+        `on_rows(rows)` for the finished rows sent, before their ids; `on_runs(model_ids)`
+        for the runs a store's transaction changed."""
         self._listeners.append(listener)
         if on_gap is not None:
             self._gap_listeners.append(on_gap)
         if on_rows is not None:
             self._row_listeners.append(on_rows)
+        if on_runs is not None:
+            self._run_listeners.append(on_runs)
         if self._thread is None:
             self._thread = threading.Thread(target=self._listen, name="pg-listen", daemon=True)
             self._thread.start()
@@ -137,12 +152,14 @@ class PgNotifier:
     def _heard(self, payload: str) -> None:
         if payload.startswith("{"):
             try:
-                rows = json.loads(payload)["rows"]
+                message = json.loads(payload)
+                kind = "runs" if "runs" in message else "rows"
+                values = list(message[kind])
             except (ValueError, KeyError, TypeError):
-                log.warning("pg-listen: an unreadable rows notification ignored")
+                log.warning("pg-listen: an unreadable notification ignored")
                 return
-            for on_rows in list(self._row_listeners):
-                on_rows(rows)
+            for listener in list(self._run_listeners if kind == "runs" else self._row_listeners):
+                listener(values)
             return
         ids = payload.split(",")
         for listener in list(self._listeners):

@@ -24,6 +24,11 @@ from openrl_core.catalog import Catalog
 from openrl_core.settings import Settings
 
 
+# How long a gateway on PostgreSQL keeps a run's row at most (eventing/store/known_runs.py):
+# announcements keep it right; this bounds how wrong a change nobody announced leaves it.
+KEPT_RUN_SECONDS = 5.0
+
+
 class Runtime:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -37,6 +42,8 @@ class Runtime:
         # Long-poll wake-ups: in process for SQLite; through LISTEN/NOTIFY for PostgreSQL,
         # where the projector and the gateways may be separate processes.
         self.notifier = PgNotifier(self.engine.url.render_as_string(hide_password=False)) if self.engine.dialect.name == "postgresql" else LocalNotifier()
+        if self.engine.dialect.name == "postgresql":
+            self.store.announce_runs()  # for the gateways' kept runs, whichever process changes them
         self._gateways: list = []  # the gateway contexts made here: their queued appends finish before the log closes
         self.catalog = Catalog.from_names(settings.models or None, settings.local_models, settings.model_aliases)
         self.models = ModelDirectory(self.catalog, settings.model_cache)
@@ -79,6 +86,15 @@ class Runtime:
             # retrieve_future need not read the store (eventing/store/finished.py).
             finished = self.store.finished
             finished.follow_pending()
+            # Every store here announces the runs it changed (known_runs.py): this gateway may
+            # keep the runs it looked up, dropping each announced one and, as a last resort,
+            # any kept longer than KEPT_RUN_SECONDS.
+            runs = self.store.runs
+            runs.follow(max_age=KEPT_RUN_SECONDS)
+
+            def gap() -> None:
+                finished.clear_pending()
+                runs.clear()
 
             def announced(ids: list[str]) -> None:
                 finished.forget_pending(ids)  # before the wake-up, so a woken poll reads
@@ -86,7 +102,7 @@ class Runtime:
 
             # Rows a projector sent with its announcement come first: kept, a woken poll
             # answers from them without reading the store (eventing/pg_notify.py).
-            self.notifier.subscribe(announced, on_gap=finished.clear_pending, on_rows=finished.put_many)
+            self.notifier.subscribe(announced, on_gap=gap, on_rows=finished.put_many, on_runs=runs.changed)
         else:
             self.notifier.subscribe(ctx.waiters.notify)
         ctx.republish_outbox()

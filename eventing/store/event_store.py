@@ -71,6 +71,7 @@ class EventStore:
         self.finished = FinishedFutures(finished_cached)
         # Runs' rows for the gateway's lookups, where this process sees every change (known_runs.py).
         self.runs = KnownRuns()
+        self._announcing_runs = False
         # SQLite lets one connection write at a time and makes the others wait by sleeping
         # and trying again (1, 2, 5, 10, 15, 20 ms, ... up to the busy timeout): under load the
         # gateway's writer and the projector, which both write here, slept on each other so
@@ -81,6 +82,14 @@ class EventStore:
         # The writers (the group-commit thread, the projector) each keep a connection on a
         # SQLite file instead of a pool checkout per transaction (eventing/store/kept.py).
         self._kept = kept(engine)
+
+    def announce_runs(self) -> None:
+        """From now on, a transaction that changes training runs also announces them, with a
+        NOTIFY of its own (PostgreSQL; delivered when, and only if, it commits): gateways in
+        other processes drop their kept rows of them (known_runs.py)."""
+        if self.engine.dialect.name != "postgresql":
+            raise ValueError("runs are announced through PostgreSQL's NOTIFY")
+        self._announcing_runs = True
 
     def append(self, event: Event, *, outbox_topic: Optional[str] = None, dedup: Optional[Dedup] = None) -> Appended:
         """Raises Conflict when the submission's identity was used with another body."""
@@ -184,8 +193,14 @@ class EventStore:
         # Rows is a rebuild's, into a store no long-poll reads while it is made (a miss there
         # only means a read), and copying its every future cost about 3% of the rebuild.
         finished = [dict(row) for row in rows.changed("futures")] if not rows.fresh else []
-        runs = [key[0] for key in rows.changed_keys("training_runs", RUN_COLUMNS_NOT_KEPT)] if self.runs.following else []
+        runs = []
+        if (self.runs.following or self._announcing_runs) and not rows.fresh:
+            runs = [key[0] for key in rows.changed_keys("training_runs", RUN_COLUMNS_NOT_KEPT)]
         rows.flush()
+        if runs and self._announcing_runs:
+            from eventing.pg_notify import CHANNEL, run_pieces  # (it imports the store's database module)
+
+            driver_execute(conn, "SELECT pg_notify(%s, %s)", [(CHANNEL, piece) for piece in run_pieces(runs)])
         return outcomes, finished, runs
 
     def _prefetch(self, rows: Rows, items, ids: Optional[list[str]] = None) -> Optional[set[str]]:

@@ -15,11 +15,21 @@ every request moves and no lookup reads (`IGNORED`), so a row kept here may hold
 `last_request_time` and nothing else older. A read that races a change cannot keep the old
 row: `put` is refused once anything was dropped since the caller asked for `generation()`
 before its read.
+
+On PostgreSQL the runs change in other processes too (a projector folds a run's creation, a
+gateway beside this one its cancel). Every store there announces the runs its transaction
+changed, with a NOTIFY in that transaction (so exactly when it commits:
+`EventStore.announce_runs`), and a gateway that hears them (`functions/runtime.py`) follows
+them here: an announced run is dropped, and all are dropped whenever its LISTEN connection
+starts again (`clear`), since what was announced meanwhile is lost. A row is also kept no
+longer than `max_age` there, so even a writer that announces nothing (an older version during
+an upgrade) leaves a gateway wrong for seconds at most.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from typing import Any, Iterable, Optional
 
@@ -30,19 +40,25 @@ class KnownRuns:
     def __init__(self, capacity: int = 4096) -> None:
         self.capacity = capacity
         self.following = False
-        self._rows: OrderedDict[str, Any] = OrderedDict()  # model_id -> row (its tenant among its columns)
+        self.max_age: Optional[float] = None
+        self._rows: OrderedDict[str, tuple[Any, float]] = OrderedDict()  # model_id -> (row, kept at); the tenant is a column
         self._generation = 0
         self._lock = threading.Lock()
 
-    def follow(self) -> None:
-        """Keep rows from now on (the module docstring says where that is sound)."""
+    def follow(self, max_age: Optional[float] = None) -> None:
+        """Keep rows from now on, each for at most `max_age` seconds (None: until changed);
+        the module docstring says where that is sound."""
+        self.max_age = max_age
         self.following = True
 
     def get(self, tenant: str, model_id: str) -> Optional[Any]:
         """The kept row if `tenant` owns it; None when not kept (read the store) or another
         tenant's (the store's read would find none for this tenant either)."""
-        row = self._rows.get(model_id)
-        return row if row is not None and row.tenant == tenant else None
+        kept = self._rows.get(model_id)
+        if kept is None or (self.max_age is not None and time.monotonic() - kept[1] > self.max_age):
+            return None
+        row = kept[0]
+        return row if row.tenant == tenant else None
 
     def generation(self) -> int:
         """Ask before reading the store for a row to `put`."""
@@ -55,7 +71,7 @@ class KnownRuns:
         with self._lock:
             if generation != self._generation:
                 return
-            self._rows[model_id] = row
+            self._rows[model_id] = (row, time.monotonic())
             self._rows.move_to_end(model_id)
             while len(self._rows) > self.capacity:
                 self._rows.popitem(last=False)
@@ -70,3 +86,9 @@ class KnownRuns:
             self._generation += 1
             for model_id in model_ids:
                 self._rows.pop(model_id, None)
+
+    def clear(self) -> None:
+        """Drop every row (changes may have gone unheard), and refuse `put`s of reads begun before."""
+        with self._lock:
+            self._generation += 1
+            self._rows.clear()

@@ -42,6 +42,7 @@ class ProjectorFunction:
             from eventing.pg_notify import PgNotifier
 
             self.notifier = PgNotifier(self._engine.url.render_as_string(hide_password=False))
+            self.store.announce_runs()  # the gateways' kept runs (eventing/store/known_runs.py)
         else:
             self.notifier = LocalNotifier()
 

@@ -73,7 +73,8 @@ def test_postgres_down_answers_503_retry_after_loses_nothing_and_the_run_resumes
             return
         proxy.cut()  # step 1's requests are on the log: their completions meet a store that is away
         began = time.monotonic()
-        answer = httpx.post(cluster.url + "/api/v1/get_info", json={"model_id": training.model_id}, headers={"X-API-Key": KEY}, timeout=30)
+        # A read of the store (the run's own lookup is kept in memory, eventing/store/known_runs.py).
+        answer = httpx.get(cluster.url + "/api/openrl/v1/runs", headers={"X-API-Key": KEY}, timeout=30)
         seen["answer"] = (answer.status_code, answer.headers.get("retry-after"), answer.text)
         threading.Timer(max(0.0, OUTAGE_SECONDS - (time.monotonic() - began)), proxy.restore).start()
 

@@ -109,3 +109,28 @@ def test_the_kept_rows_are_bounded_least_recent_first():
     known.changed(["zzz"])  # something changed, whatever it was
     known.put("d", Row("t"), generation)
     assert known.get("t", "d") is None
+
+
+def test_a_row_older_than_max_age_is_read_again_and_clear_drops_all(monkeypatch):
+    """On PostgreSQL (max_age): a kept row past its age counts as not kept; `clear` (a lost
+    LISTEN connection) drops every row and refuses a read begun before it."""
+    from eventing.store import known_runs
+
+    class Row:
+        tenant = "t"
+
+    now = [1000.0]
+    monkeypatch.setattr(known_runs.time, "monotonic", lambda: now[0])
+    known = KnownRuns()
+    known.follow(max_age=5.0)
+    known.put("a", Row(), known.generation())
+    now[0] += 4.9
+    assert known.get("t", "a") is not None
+    now[0] += 0.2
+    assert known.get("t", "a") is None
+    known.put("a", Row(), known.generation())
+    generation = known.generation()
+    known.clear()
+    assert known.get("t", "a") is None
+    known.put("b", Row(), generation)
+    assert known.get("t", "b") is None

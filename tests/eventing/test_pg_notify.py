@@ -87,3 +87,50 @@ def test_a_listener_of_ids_alone_is_not_handed_rows(pg_url):
     finally:
         sender.close()
         receiver.close()
+
+
+def test_a_store_announces_the_runs_its_committed_transactions_changed(pg_url, tmp_path):
+    """With `announce_runs`, a transaction that changes a run sends its id with a NOTIFY of
+    its own, delivered once it commits; one that only moves `last_request_time` (every
+    request) sends none, and neither does a transaction that failed (nothing changed)."""
+    from eventing.blobs import BlobStore
+    from eventing.codec import Codec
+    from eventing.store import database
+    from eventing.store.event_store import Dedup, EventStore
+    from openrl_core.errors import Conflict
+    from openrl_core.events import training as te
+    from openrl_core.params import AdamParams
+    from tests.eventing.test_event_store import create_model, ev, session
+
+    engine = database.make_engine(pg_url)
+    database.upgrade(engine)
+    store = EventStore(engine, Codec(BlobStore(tmp_path / "blobs")))
+    store.announce_runs()
+    receiver = PgNotifier(pg_url)
+    runs: queue.Queue = queue.Queue()
+    receiver.subscribe(lambda ids: None, on_runs=runs.put)
+    try:
+        session(store)
+        assert runs.empty()  # a session is no run
+        create_model(store)  # the run's row is made
+        assert runs.get(timeout=5) == ["s1:train:0"]
+        step = te.OptimStepRequested(request_id="o1", model_id="s1:train:0", seq_id=1, adam_params=AdamParams())
+        store.append(ev(te.OPTIM_STEP["requested"], step), dedup=Dedup.of("seq:s1:train:0:1", b"a"))  # last_request_time only
+        with pytest.raises(Conflict):  # refused before it changed anything: nothing committed
+            store.append(ev(te.OPTIM_STEP["requested"], step.model_copy(update={"request_id": "o2"})), dedup=Dedup.of("seq:s1:train:0:1", b"b"))
+        store.append(ev(te.RUN_CANCELLED, te.RunCancelled(model_id="s1:train:0")))
+        assert runs.get(timeout=5) == ["s1:train:0"]  # the cancel's, and nothing before it
+        with pytest.raises(queue.Empty):
+            runs.get(timeout=0.3)
+    finally:
+        receiver.close()
+        engine.dispose()
+
+
+def test_run_pieces_stay_under_the_payload_limit_and_read_back():
+    from eventing.pg_notify import run_pieces
+
+    ids = [f"{i:036d}:train:{i}" for i in range(400)]
+    pieces = run_pieces(ids)
+    assert len(pieces) > 1 and all(len(p) <= 7900 for p in pieces)
+    assert [run for p in pieces for run in json.loads(p)["runs"]] == ids
