@@ -13,8 +13,6 @@ from contextlib import ExitStack
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, text
-
 from eventing.store import database
 from eventing.store.event_store import EventStore
 from eventing.store.queries import Projections
@@ -25,6 +23,7 @@ from openrl_core.events import new_event
 from openrl_core.events import training as te
 from openrl_core.settings import Settings
 from tests.functions.gateway.test_pending_hint import KEYS, MODEL
+from tests.functions.gateway.test_pending_hint_pg import end_listen_connections
 
 pytestmark = pytest.mark.postgres
 
@@ -91,16 +90,7 @@ def test_a_run_cancelled_by_another_process_is_refused_once_announced(gateway):
 def test_a_lost_listen_connection_drops_every_kept_run(gateway, pg_url):
     _client, runtime, model, _reads = gateway
     assert runtime.store.runs.get("alice", model) is not None
-    admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            ended = conn.execute(text(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND query LIKE 'LISTEN %' AND pid <> pg_backend_pid()"
-            )).scalars().all()  # fmt: skip
-        assert ended and all(ended)
-    finally:
-        admin.dispose()
+    end_listen_connections(pg_url)
     deadline = time.monotonic() + 10
     while runtime.store.runs.get("alice", model) is not None:  # announcements meanwhile are lost: nothing kept is trusted
         assert time.monotonic() < deadline, "the kept run outlived the lost connection"

@@ -95,9 +95,8 @@ def test_a_future_announced_before_its_retrieve_is_read_at_once(gateway):
     assert reads == [request_id]
 
 
-def test_a_lost_listen_connection_drops_every_hint(gateway, pg_url):
-    _client, runtime, request_id, _reads = gateway
-    assert runtime.store.finished.pending("alice", request_id)
+def end_listen_connections(pg_url: str) -> None:
+    """End every LISTEN connection to the test's database, as a network fault would."""
     admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as conn:
@@ -108,6 +107,12 @@ def test_a_lost_listen_connection_drops_every_hint(gateway, pg_url):
         assert ended and all(ended)
     finally:
         admin.dispose()
+
+
+def test_a_lost_listen_connection_drops_every_hint(gateway, pg_url):
+    _client, runtime, request_id, _reads = gateway
+    assert runtime.store.finished.pending("alice", request_id)
+    end_listen_connections(pg_url)
     # Announcements sent while it reconnects are lost, so none of the hints is trusted after.
     wait_until(lambda: not runtime.store.finished.pending("alice", request_id))
 
