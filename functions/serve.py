@@ -108,8 +108,10 @@ class Node:
                 # the gateway's first look at it need not read (eventing/store/finished.py).
                 rt.store.finished.follow_pending()
                 # For the same reason every change of a run's row is this process's own: the
-                # gateway may keep the rows it looked up (eventing/store/known_runs.py).
-                rt.store.runs.follow()
+                # gateway may keep the rows it looked up (eventing/store/known_runs.py). On
+                # PostgreSQL its context follows them already, with an age bound kept here.
+                if not rt.store.runs.following:
+                    rt.store.runs.follow()
         if "trainer" in self.roles:
             from functions.trainer.worker import TrainerWorker
 

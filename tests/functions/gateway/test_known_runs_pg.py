@@ -103,3 +103,16 @@ def test_a_change_nobody_announced_is_seen_once_the_kept_row_is_too_old(gateway)
     cancel_in_another_process(runtime, model, announce=False)
     assert step(client, model, 2).status_code == 200  # kept, and wrong for now
     assert refused_within(client, model, 10.0) < 3.0
+
+
+def test_serve_with_the_embedded_log_on_postgresql_keeps_the_age_bound(tmp_path, tiny_files, pg_url):
+    """`openrl serve` with the projector beside the gateway follows runs for its own reasons,
+    but on PostgreSQL the gateway's bound on a kept row's age stays (another process may
+    still write the database)."""
+    from functions.serve import Node
+
+    node = Node(Settings(data_dir=tmp_path, database_url=pg_url, models=[MODEL]), ("gateway", "projector"))
+    try:
+        assert node.runtime.store.runs.following and node.runtime.store.runs.max_age == runtime_module.KEPT_RUN_SECONDS
+    finally:
+        node.stop()
