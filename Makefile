@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast demo demo-long recipe-sql recipe-rlvr autoresearch bench serve models clean compat fuzz chaos
+.PHONY: install lint test test-fast demo demo-long recipe-sql recipe-rlvr autoresearch bench serve models clean compat fuzz chaos
 
 install: $(STAMP)
 
@@ -26,7 +26,11 @@ $(STAMP): pyproject.toml constraints.txt
 # Two workers (pytest-xdist), a test file each at a time: much of the suite waits on servers,
 # brokers and PostgreSQL, and the compute runs one thread per worker (tests/conftest.py).
 TEST_WORKERS ?= 2
+lint: install
+	scripts/lint
+
 test: install
+	scripts/lint
 	scripts/ensure-postgres
 	# Chromium for the dashboard's browser test (exit 2: no apt here, and that test skips).
 	scripts/ensure-chromium || test $$? -eq 2

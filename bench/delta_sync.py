@@ -53,7 +53,9 @@ def published_chain(data_dir: Path) -> list[dict]:
     return out
 
 
-def time_updates(model_name: str, data_dir: Path, chain: list[dict], steps: list[int], repeats: int = 5) -> dict[int, dict]:
+def time_updates(
+    model_name: str, data_dir: Path, chain: list[dict], steps: list[int], repeats: int = 5
+) -> dict[int, dict]:
     """For each step s, the sampler's two ways from version s-1 to s, side by side: apply the
     published delta in place (`Receiver.update`: fetch the delta from the blob store, check
     the base, scatter, verify the checksum), and a full reload (`Receiver.load_full`: fetch
@@ -82,7 +84,9 @@ def time_updates(model_name: str, data_dir: Path, chain: list[dict], steps: list
         bits = {k: p.detach().to(torch.bfloat16) for k, p in params.items()}
         full_ref = blobs.put("alice", save_safetensors(bits))  # what a full publication of `step` would be
         full_link = Link(after["version"], "full", None, None, after["chain"][-1].checksum, full_ref, 0, 0)
-        assert full_link.checksum == delta.checksum({k: v.view(torch.int16).numpy().view("uint16") for k, v in bits.items()})
+        assert full_link.checksum == delta.checksum(
+            {k: v.view(torch.int16).numpy().view("uint16") for k, v in bits.items()}
+        )
         delta_times, reload_times = [], []
         for _ in range(repeats):
             receiver.version = None
@@ -128,7 +132,9 @@ def main() -> None:
     rewards = []
     try:
         service = tinker.ServiceClient(base_url=server.url, api_key="tml-bench-alice")
-        training = service.create_lora_training_client(base_model=args.model, user_metadata={"openrl.full_finetune": "true"}).result()
+        training = service.create_lora_training_client(
+            base_model=args.model, user_metadata={"openrl.full_finetune": "true"}
+        ).result()
         tokenizer = training.get_tokenizer()
         sampler = training.save_weights_and_get_sampling_client().result()
         started = time.perf_counter()
@@ -155,7 +161,10 @@ def main() -> None:
             training.optim_step(types.AdamParams(learning_rate=args.lr)).result()
             sampler = training.save_weights_and_get_sampling_client().result()
             rewards.append(float(np.mean(step_rewards)))
-            print(f"step {step}/{args.steps}: reward {rewards[-1]:.3f}  ({time.perf_counter() - started:.0f} s)", flush=True)
+            print(
+                f"step {step}/{args.steps}: reward {rewards[-1]:.3f}  ({time.perf_counter() - started:.0f} s)",
+                flush=True,
+            )
         service.close("success").result()
     finally:
         server.stop()
@@ -163,8 +172,12 @@ def main() -> None:
     chain = published_chain(data_dir)  # chain[0] is the publication before any step
     steps = [s for s in REPORT_AT if s < len(chain)]
     timings = time_updates(args.model, data_dir, chain, steps)
-    print(f"\n{args.model}, full fine-tuning, AdamW lr {args.lr}, {args.prompts} prompts x {args.group} samples per step")
-    print(f"{'step':>5} {'kind':>6} {'changed':>9} {'bytes shipped':>14} {'of full bf16':>13} {'delta apply':>12} {'full reload':>12} {'ratio':>7}")
+    print(
+        f"\n{args.model}, full fine-tuning, AdamW lr {args.lr}, {args.prompts} prompts x {args.group} samples per step"
+    )
+    print(
+        f"{'step':>5} {'kind':>6} {'changed':>9} {'bytes shipped':>14} {'of full bf16':>13} {'delta apply':>12} {'full reload':>12} {'ratio':>7}"
+    )
     for step in steps:
         p = chain[step]
         t = timings.get(step, {})
@@ -173,7 +186,9 @@ def main() -> None:
               f"{t.get('delta_seconds', float('nan')) * 1000:>10.1f}ms {t.get('reload_seconds', float('nan')) * 1000:>10.1f}ms {ratio:>7}")  # fmt: skip
     print(f"reward: first 5 steps {np.mean(rewards[:5]):.3f}, last 5 {np.mean(rewards[-5:]):.3f}")
     if args.json:
-        args.json.write_text(json.dumps({"chain": chain, "timings": timings, "rewards": rewards}, indent=2, default=str))
+        args.json.write_text(
+            json.dumps({"chain": chain, "timings": timings, "rewards": rewards}, indent=2, default=str)
+        )
 
 
 if __name__ == "__main__":

@@ -35,7 +35,12 @@ def batch(rows: int, seq: int, seed: int):
     data = []
     for _ in range(rows):
         tokens = rng.integers(100, 5000, size=seq + 1).tolist()
-        data.append(types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * seq}))
+        data.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(tokens[:-1]),
+                loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * seq},
+            )
+        )
     return data
 
 
@@ -112,7 +117,11 @@ class Flood:
 
 def percentiles(latencies: list[float]) -> dict:
     array = np.asarray(latencies) * 1000
-    return {"p50_ms": round(float(np.percentile(array, 50)), 1), "p99_ms": round(float(np.percentile(array, 99)), 1), "steps": len(latencies)}
+    return {
+        "p50_ms": round(float(np.percentile(array, 50)), 1),
+        "p99_ms": round(float(np.percentile(array, 99)), 1),
+        "steps": len(latencies),
+    }
 
 
 def main() -> None:
@@ -120,7 +129,9 @@ def main() -> None:
     parser.add_argument("--flood", type=int, default=8, help="tenant A's concurrent jobs")
     parser.add_argument("--steps", type=int, default=10, help="tenant B's measured steps in each phase")
     parser.add_argument("--rounds", type=int, default=3, help="alternating (alone, under flood) phase pairs")
-    parser.add_argument("--flood-batch", type=int, default=1, help="rows per forward_backward of each flood job (B sends 1)")
+    parser.add_argument(
+        "--flood-batch", type=int, default=1, help="rows per forward_backward of each flood job (B sends 1)"
+    )
     parser.add_argument("--seq", type=int, default=32, help="tokens per row")
     parser.add_argument("--env", action="append", default=[], help="extra server setting, NAME=VALUE (repeatable)")
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
@@ -129,7 +140,12 @@ def main() -> None:
     from functions.local_server import LocalServer
 
     data_dir = Path(tempfile.mkdtemp(prefix="openrl-fairness-"))
-    server = LocalServer(data_dir, [MODEL], KEYS, extra_env={"OPENRL_SNAPSHOT_EVERY_STEPS": "0", **dict(e.split("=", 1) for e in args.env)}).wait_ready()
+    server = LocalServer(
+        data_dir,
+        [MODEL],
+        KEYS,
+        extra_env={"OPENRL_SNAPSHOT_EVERY_STEPS": "0", **dict(e.split("=", 1) for e in args.env)},
+    ).wait_ready()
     try:
         light = training_client(server.url, LIGHT_KEY, seed=1)
         flood = Flood(server.url, args.flood, args.flood_batch, args.seq)
@@ -144,7 +160,9 @@ def main() -> None:
             loaded += light_job(light, args.steps, args.seq)
             flood_seconds += time.perf_counter() - began
             flood.pause()
-            print(f"round {round_ + 1}: B alone {percentiles(alone[-args.steps:])}, under flood {percentiles(loaded[-args.steps:])}")
+            print(
+                f"round {round_ + 1}: B alone {percentiles(alone[-args.steps :])}, under flood {percentiles(loaded[-args.steps :])}"
+            )
         flood_steps = flood.steps
         flood.close()
     finally:

@@ -52,7 +52,6 @@ from pathlib import Path
 from typing import Optional
 
 import httpx
-
 import scratch_pg
 from scratch_pg import PG_ADMIN
 
@@ -99,7 +98,11 @@ class NoopWorker:
             event = self.publisher.codec.decode(record.message)
             if event.phase != "requested":
                 continue
-            result = {"model_id": event.data.model_id, "type": "create_model"} if event.verb == "create_model" else {"metrics": {}}
+            result = (
+                {"model_id": event.data.model_id, "type": "create_model"}
+                if event.verb == "create_model"
+                else {"metrics": {}}
+            )
             payload = RequestCompleted(request_id=event.data.request_id, result=result)
             reply = new_event(
                 event_type(event.family, event.verb, "completed"), payload,
@@ -118,7 +121,12 @@ def serve(args: argparse.Namespace) -> None:
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     options = dict(
-        host="127.0.0.1", port=args.port, data_dir=args.data_dir, api_keys=[f"{TENANT}={KEY}"], models=[MODEL], bus=args.bus,
+        host="127.0.0.1",
+        port=args.port,
+        data_dir=args.data_dir,
+        api_keys=[f"{TENANT}={KEY}"],
+        models=[MODEL],
+        bus=args.bus,
         log_fsync=not args.no_fsync,
     )
     if args.kafka_bootstrap:
@@ -131,7 +139,10 @@ def serve(args: argparse.Namespace) -> None:
     worker = None
     if "worker" in roles:
         worker = threading.Thread(
-            target=NoopWorker(node.runtime.bus, node.runtime.publisher).run, args=(stop,), name="noop-worker", daemon=True
+            target=NoopWorker(node.runtime.bus, node.runtime.publisher).run,
+            args=(stop,),
+            name="noop-worker",
+            daemon=True,
         )
         worker.start()
     names = args.data_dir / f"threads-{args.roles}.json"
@@ -252,23 +263,43 @@ CONFIGS = {
     # noida-db answers an empty fetch at once (it ignores fetch.max.wait.ms), so an idle
     # consumer pauses between empty fetches: 1 ms by default (kafka_idle_poll_pause_ms), 5 here.
     "noida-pause": lambda: Config(
-        "noida-pause", "  same, idle poll pause 5 ms", "kafka", broker="noida", postgres=True,
+        "noida-pause",
+        "  same, idle poll pause 5 ms",
+        "kafka",
+        broker="noida",
+        postgres=True,
         env={"OPENRL_KAFKA_IDLE_POLL_PAUSE_MS": "5"},
     ),  # fmt: skip
-    "noida-split": lambda: Config("noida-split", "  same, one process per role", "kafka", broker="noida", postgres=True, split=True),
+    "noida-split": lambda: Config(
+        "noida-split", "  same, one process per role", "kafka", broker="noida", postgres=True, split=True
+    ),
     # Split, without the pause, each idle consumer spins and takes CPU from the other processes.
     "noida-split-nopause": lambda: Config(
-        "noida-split-nopause", "  same, per role, no idle poll pause", "kafka", broker="noida", postgres=True, split=True,
+        "noida-split-nopause",
+        "  same, per role, no idle poll pause",
+        "kafka",
+        broker="noida",
+        postgres=True,
+        split=True,
         env={"OPENRL_KAFKA_IDLE_POLL_PAUSE_MS": "0"},
     ),  # fmt: skip
     # Tansu holds every fetch for the consumer's full fetch_max_wait_ms even when records
     # arrive (Kafka answers at once), so a Tansu deployment lowers the wait (500 ms by default).
     "tansu": lambda: Config(
-        "tansu", "Kafka (Tansu, fetch wait 20 ms) + PG", "kafka", broker="tansu", postgres=True,
+        "tansu",
+        "Kafka (Tansu, fetch wait 20 ms) + PG",
+        "kafka",
+        broker="tansu",
+        postgres=True,
         env={"OPENRL_KAFKA_FETCH_MAX_WAIT_MS": "20"},
     ),  # fmt: skip
     "tansu-split": lambda: Config(
-        "tansu-split", "  same, one process per role", "kafka", broker="tansu", postgres=True, split=True,
+        "tansu-split",
+        "  same, one process per role",
+        "kafka",
+        broker="tansu",
+        postgres=True,
+        split=True,
         env={"OPENRL_KAFKA_FETCH_MAX_WAIT_MS": "20"},
     ),  # fmt: skip
 }
@@ -286,7 +317,17 @@ def start(config: Config, root: Path) -> None:
     config.url = f"http://127.0.0.1:{port}"
     config.models, config.next_seq = [], {}
     config.data_dir = workdir / "data"
-    command = [sys.executable, __file__, "--serve", "--port", str(port), "--data-dir", str(config.data_dir), "--bus", config.bus]
+    command = [
+        sys.executable,
+        __file__,
+        "--serve",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(config.data_dir),
+        "--bus",
+        config.bus,
+    ]
     if not config.fsync:
         command.append("--no-fsync")
     if config.broker:
@@ -301,9 +342,13 @@ def start(config: Config, root: Path) -> None:
         env = {**os.environ, **config.env}
         if config.split:
             for role in ("projector", "worker"):
-                config.others[role] = subprocess.Popen(command + ["--roles", role], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
+                config.others[role] = subprocess.Popen(
+                    command + ["--roles", role], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env
+                )
         gateway = "gateway" if config.split else ALL_ROLES
-        config.process = subprocess.Popen(command + ["--roles", gateway], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
+        config.process = subprocess.Popen(
+            command + ["--roles", gateway], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env
+        )
     deadline = time.monotonic() + 120
     while True:
         exited = [p for p in (config.process, *config.others.values()) if p.poll() is not None]
@@ -477,7 +522,9 @@ def run_pass(config: Config, root: Path, args: argparse.Namespace, share: float)
             opened = sessions_opened(config.database)
         threads_before = {name: thread_counters(pid) for name, pid in servers.items()}
         client_before = time.process_time()
-        latencies, seconds = asyncio.run(optim_steps(config, loaders, int(args.requests * share), args.time_cap * share))
+        latencies, seconds = asyncio.run(
+            optim_steps(config, loaders, int(args.requests * share), args.time_cap * share)
+        )
         used = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
         if args.per_thread:
             for name, pid in servers.items():
@@ -527,16 +574,24 @@ def report(configs: list[Config], args: argparse.Namespace, load_before: float) 
         print(f"{'':36}{detail}")
         if c.threads:
             # The bench's own thread-naming thread is left out; so are threads idle under load.
-            rows = [(role, cpu, switches) for role, (cpu, switches) in c.threads.items() if not role.endswith("thread-names")]
+            rows = [
+                (role, cpu, switches)
+                for role, (cpu, switches) in c.threads.items()
+                if not role.endswith("thread-names")
+            ]
             busy = sorted((row for row in rows if row[1] > 0), key=lambda row: -row[1])
-            split = ", ".join(f"{role} {1000 * cpu / c.futures:.2f}/{switches / c.futures:.0f}" for role, cpu, switches in busy)
+            split = ", ".join(
+                f"{role} {1000 * cpu / c.futures:.2f}/{switches / c.futures:.0f}" for role, cpu, switches in busy
+            )
             total = sum(switches for _role, _cpu, switches in busy) / c.futures
             print(f"{'':36}per thread, ms CPU/context switches per future: {split}; {total:.0f} switches in all")
     for c in configs:
         if c.skipped:
             print(f"{c.name:34} skipped: {c.skipped}")
     print("latencies in ms, submit to result; futures/s = all futures / all load time over both passes;")
-    print("server = gateway + projector + no-op worker (one process; \"one process per role\": each its own). PostgreSQL's own CPU is left out: the pool")
+    print(
+        'server = gateway + projector + no-op worker (one process; "one process per role": each its own). PostgreSQL\'s own CPU is left out: the pool'
+    )
     print("closes connections beyond pool_size at check-in, so its backends come and go faster than /proc can be read")
 
 
@@ -547,7 +602,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000, help="futures under load per configuration (both passes)")
     parser.add_argument("--solo", type=int, default=100, help="futures of the lone client per configuration")
     parser.add_argument("--time-cap", type=float, default=80, help="seconds of load per configuration (both passes)")
-    parser.add_argument("--client", choices=sorted(CLIENTS), default="raw", help="load generator's HTTP client (see RawClient)")
+    parser.add_argument(
+        "--client", choices=sorted(CLIENTS), default="raw", help="load generator's HTTP client (see RawClient)"
+    )
     parser.add_argument(
         "--per-thread", action="store_true",
         help="also split the server's CPU and context switches under load by thread (/proc/PID/task), the pool together",
@@ -582,7 +639,10 @@ def main() -> None:
                     config.skipped = f"{type(exc).__name__}: {str(exc)[:300]}"
                     print(f"{config.key}: skipped: {config.skipped}", flush=True)
                     continue
-                print(f"{config.key}: {config.rates[-1]:.1f} futures/s ({time.monotonic() - began:.0f} s with start-up)", flush=True)
+                print(
+                    f"{config.key}: {config.rates[-1]:.1f} futures/s ({time.monotonic() - began:.0f} s with start-up)",
+                    flush=True,
+                )
     report(configs, args, load_before)
 
 

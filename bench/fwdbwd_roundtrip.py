@@ -34,7 +34,13 @@ class DirectPeft:
         base = load_causal_lm(files, device=device)
         self.device = device
         self.model = get_peft_model(base, LoraConfig(r=rank, lora_alpha=32, target_modules=TARGETS, lora_dropout=0.0))
-        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=lr,
+            betas=(0.9, 0.95),
+            eps=1e-12,
+            weight_decay=0.0,
+        )
 
     def step(self, sequences) -> float:
         tokens = torch.tensor([s[:-1] for s in sequences], device=self.device)
@@ -68,13 +74,19 @@ def main() -> None:
     files = materialize(BUILTIN[args.model])
     sequences = make_batch(files.vocab_size, args.batch, args.seq)
     data = [
-        types.Datum(model_input=types.ModelInput.from_ints(s[:-1]), loss_fn_inputs={"target_tokens": s[1:], "weights": [1.0] * args.seq})
+        types.Datum(
+            model_input=types.ModelInput.from_ints(s[:-1]),
+            loss_fn_inputs={"target_tokens": s[1:], "weights": [1.0] * args.seq},
+        )
         for s in sequences
     ]
     adam = types.AdamParams(learning_rate=1e-4)
     direct = DirectPeft(files, args.rank, 1e-4, args.device)
     key = "tml-bench"
-    with tempfile.TemporaryDirectory() as data_dir, LocalServer(data_dir, [args.model], key, extra_env={"OPENRL_DEVICE": args.device}) as server:
+    with (
+        tempfile.TemporaryDirectory() as data_dir,
+        LocalServer(data_dir, [args.model], key, extra_env={"OPENRL_DEVICE": args.device}) as server,
+    ):
         client = tinker.ServiceClient(base_url=server.url, api_key=key)
         training = client.create_lora_training_client(base_model=args.model, rank=args.rank, seed=0).result()
 
@@ -96,7 +108,9 @@ def main() -> None:
             direct_times.append(time.perf_counter() - started)
         client.close("success").result()
     ratios = [a / b for a, b in zip(sdk_times, direct_times)]
-    print(f"model {args.model} on {args.device}, LoRA rank {args.rank}, batch {args.batch} x {args.seq} tokens, {args.rounds} paired rounds")
+    print(
+        f"model {args.model} on {args.device}, LoRA rank {args.rank}, batch {args.batch} x {args.seq} tokens, {args.rounds} paired rounds"
+    )
     print(f"SDK forward_backward+optim_step round trip: median {statistics.median(sdk_times) * 1000:.0f} ms")
     print(f"direct in-process peft step:                median {statistics.median(direct_times) * 1000:.0f} ms")
     print(f"ratio SDK/direct: median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})")

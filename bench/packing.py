@@ -65,7 +65,10 @@ def engine_bench(name: str, rounds: int, sizes: tuple[str, ...] = ("small", "lar
     engine = TrainerEngine(ModelDirectory(Catalog.from_names([name])).files(name), device=device)
     for i in range(8):
         engine.create_adapter(f"m{i}", LoraConfig(rank=(8, 16, 32)[i % 3], seed=i))
-    for label, rows, length in (("small (8 models x 2 x 32 tokens)", 2, 32), ("large (8 models x 8 x 128 tokens)", 8, 128)):
+    for label, rows, length in (
+        ("small (8 models x 2 x 32 tokens)", 2, 32),
+        ("large (8 models x 8 x 128 tokens)", 8, 128),
+    ):
         if label.split()[0] not in sizes:
             continue
         batch = requests(rows, length)
@@ -140,7 +143,9 @@ def rl_run(url: str, jobs: int, steps: int, env_seconds: float) -> float:
 
     out: dict = {}
     keys = ["tml-bench-alice", "tml-bench-bob"]
-    threads = [threading.Thread(target=rl_job, args=(url, keys[i % 2], 100 + i, steps, env_seconds, out)) for i in range(jobs)]
+    threads = [
+        threading.Thread(target=rl_job, args=(url, keys[i % 2], 100 + i, steps, env_seconds, out)) for i in range(jobs)
+    ]
     started = time.perf_counter()
     for t in threads:
         t.start()
@@ -209,7 +214,12 @@ def floor_bench(env_seconds: float, reps: int = 4, device: str = "cpu") -> None:
 
     def job(i):
         params = SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, seed=i)
-        return SampleJob(prompt_tokens=rng.integers(100, 20000, size=PROMPT_TOKENS).tolist(), num_samples=GROUP, params=params, adapter=f"a{i}")
+        return SampleJob(
+            prompt_tokens=rng.integers(100, 20000, size=PROMPT_TOKENS).tolist(),
+            num_samples=GROUP,
+            params=params,
+            adapter=f"a{i}",
+        )
 
     def timed(fn):
         times = []
@@ -229,7 +239,11 @@ def floor_bench(env_seconds: float, reps: int = 4, device: str = "cpu") -> None:
     rows = {}
     for n in (1, RL_JOBS):
         sample = timed(lambda: sampler.sample([job(i) for i in range(n)]))
-        train = timed(lambda: trainer.forward_backward_many([PackRequest(f"m{i}", data(), "importance_sampling", None, False) for i in range(n)]))
+        train = timed(
+            lambda: trainer.forward_backward_many(
+                [PackRequest(f"m{i}", data(), "importance_sampling", None, False) for i in range(n)]
+            )
+        )
         publish = timed(lambda: step(range(n)))
         rows[n] = sample + train + publish
         print(f"{SERVICE_MODEL} [{device}] floor, {n} job(s) in one batch and one pass: sample {sample:.3f} s, forward_backward "
@@ -252,7 +266,9 @@ def main() -> None:
     parser.add_argument("--env-seconds", type=float, default=0.25, help="the environment's grading latency in (b)")
     parser.add_argument("--service-modes", default="on,off", help="packing modes of (b): on, off")
     parser.add_argument("--device", default="cpu", help="torch device of the engines and of (b)'s server: cpu or cuda")
-    parser.add_argument("--floor", action="store_true", help="also print the compute floor of (b)'s work (engines alone)")
+    parser.add_argument(
+        "--floor", action="store_true", help="also print the compute floor of (b)'s work (engines alone)"
+    )
     args = parser.parse_args()
     if args.threads:
         import torch

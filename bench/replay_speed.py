@@ -28,9 +28,8 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 import numpy as np
-from sqlalchemy import select
-
 import scratch_pg
+from sqlalchemy import select
 
 STEPS_PER_MODEL = 100
 TOKENS = 64
@@ -44,7 +43,13 @@ def life(target: int, seed: int = 0) -> Iterator[tuple[object, Optional[object]]
     from openrl_core.events import sampling as sa
     from openrl_core.events import sessions as se
     from openrl_core.events import training as te
-    from openrl_core.events.lifecycle import BlobRef, CheckpointSaved, RequestCompleted, RequestFailed, SamplingSessionBound
+    from openrl_core.events.lifecycle import (
+        BlobRef,
+        CheckpointSaved,
+        RequestCompleted,
+        RequestFailed,
+        SamplingSessionBound,
+    )
     from openrl_core.ids import new_request_id, sampling_session_id_for
     from openrl_core.params import AdamParams, LoraConfig, SamplingParams
     from openrl_core.tensors import Array
@@ -80,7 +85,13 @@ def life(target: int, seed: int = 0) -> Iterator[tuple[object, Optional[object]]
         tenant = f"tenant-{rng.randrange(4)}"
         session_id = str(uuid.UUID(int=rng.getrandbits(128)))
         model_id = f"{session_id}:train:0"
-        yield event(se.SESSION_CREATED, se.SessionCreated(session_id=session_id, tags=["bench"], sdk_version="0.38.0"), tenant, key=session_id, subject=session_id)
+        yield event(
+            se.SESSION_CREATED,
+            se.SessionCreated(session_id=session_id, tags=["bench"], sdk_version="0.38.0"),
+            tenant,
+            key=session_id,
+            subject=session_id,
+        )
         created = te.CreateModelRequested(
             request_id=new_request_id(), session_id=session_id, model_id=model_id, model_seq_id=0,
             base_model=base_model, lora_config=LoraConfig(rank=16),
@@ -92,30 +103,59 @@ def life(target: int, seed: int = 0) -> Iterator[tuple[object, Optional[object]]
             if count >= target:
                 break
             seq += 1
-            fb = te.ForwardBackwardRequested(request_id=new_request_id(), model_id=model_id, seq_id=seq, loss_fn="cross_entropy", data=[datum(), datum()])
-            outputs = [{"logprobs": Array.from_numpy(nrng.standard_normal(TOKENS).astype(np.float32)).model_dump()} for _ in range(2)]
-            result = {"loss_fn_output_type": "ArrayRecord", "loss_fn_outputs": outputs, "metrics": {"loss:sum": rng.uniform(10, 100)}}
+            fb = te.ForwardBackwardRequested(
+                request_id=new_request_id(),
+                model_id=model_id,
+                seq_id=seq,
+                loss_fn="cross_entropy",
+                data=[datum(), datum()],
+            )
+            outputs = [
+                {"logprobs": Array.from_numpy(nrng.standard_normal(TOKENS).astype(np.float32)).model_dump()}
+                for _ in range(2)
+            ]
+            result = {
+                "loss_fn_output_type": "ArrayRecord",
+                "loss_fn_outputs": outputs,
+                "metrics": {"loss:sum": rng.uniform(10, 100)},
+            }
             dedup = Dedup.of(f"seq:{model_id}:{seq}", fb.model_dump_json().encode())
-            yield from ask_and_answer(te.FORWARD_BACKWARD, fb, tenant, model_id, dedup, result, fail=rng.random() < 0.01)
+            yield from ask_and_answer(
+                te.FORWARD_BACKWARD, fb, tenant, model_id, dedup, result, fail=rng.random() < 0.01
+            )
             if rng.random() < 0.005:  # a request the gateway refused still uses its seq_id
                 seq += 1
                 skipped = te.SeqSkipped(model_id=model_id, seq_id=seq, reason="data[0] holds token id -1")
-                yield event(te.SEQ_SKIPPED, skipped, tenant, key=model_id, dedup=Dedup.of(f"seq:{model_id}:{seq}", b"bad").refused())
+                yield event(
+                    te.SEQ_SKIPPED,
+                    skipped,
+                    tenant,
+                    key=model_id,
+                    dedup=Dedup.of(f"seq:{model_id}:{seq}", b"bad").refused(),
+                )
             seq += 1
-            opt = te.OptimStepRequested(request_id=new_request_id(), model_id=model_id, seq_id=seq, adam_params=AdamParams(learning_rate=1e-4))
+            opt = te.OptimStepRequested(
+                request_id=new_request_id(), model_id=model_id, seq_id=seq, adam_params=AdamParams(learning_rate=1e-4)
+            )
             dedup = Dedup.of(f"seq:{model_id}:{seq}", opt.model_dump_json().encode())
-            yield from ask_and_answer(te.OPTIM_STEP, opt, tenant, model_id, dedup, {"metrics": {"optim/grad_norm": rng.uniform(0, 5)}})
+            yield from ask_and_answer(
+                te.OPTIM_STEP, opt, tenant, model_id, dedup, {"metrics": {"optim/grad_norm": rng.uniform(0, 5)}}
+            )
             if step % 10 == 0:
                 yield event(se.SESSION_HEARTBEAT, se.SessionHeartbeat(session_id=session_id), tenant, key=session_id)
                 seq += 1
                 sampling_session_id = sampling_session_id_for(session_id, samplers)
                 samplers += 1
-                save = te.SaveWeightsForSamplerRequested(request_id=new_request_id(), model_id=model_id, seq_id=seq, sampling_session_id=sampling_session_id)
+                save = te.SaveWeightsForSamplerRequested(
+                    request_id=new_request_id(), model_id=model_id, seq_id=seq, sampling_session_id=sampling_session_id
+                )
                 bound = SamplingSessionBound(sampling_session_id=sampling_session_id, session_id=session_id, base_model=base_model,
                                              adapter={"adapter_model.safetensors": blob(), "adapter_config.json": blob()})  # fmt: skip
                 dedup = Dedup.of(f"seq:{model_id}:{seq}", save.model_dump_json().encode())
                 result = {"sampling_session_id": sampling_session_id, "type": "save_weights_for_sampler"}
-                yield from ask_and_answer(te.SAVE_WEIGHTS_FOR_SAMPLER, save, tenant, model_id, dedup, result, sampling_session=bound)
+                yield from ask_and_answer(
+                    te.SAVE_WEIGHTS_FOR_SAMPLER, save, tenant, model_id, dedup, result, sampling_session=bound
+                )
                 for sample_seq in range(4):
                     request_id = new_request_id()
                     sample = sa.SampleRequested(
@@ -130,11 +170,29 @@ def life(target: int, seed: int = 0) -> Iterator[tuple[object, Optional[object]]
                                               {"sequences": sequences, "prompt_logprobs": None, "topk_prompt_logprobs": None})  # fmt: skip
             if step % 25 == 0:
                 seq += 1
-                save = te.SaveWeightsRequested(request_id=new_request_id(), model_id=model_id, seq_id=seq, name=f"step-{step}")
-                saved = CheckpointSaved(run_id=model_id, kind="weights", name=save.name, files={"state.safetensors": blob()})
+                save = te.SaveWeightsRequested(
+                    request_id=new_request_id(), model_id=model_id, seq_id=seq, name=f"step-{step}"
+                )
+                saved = CheckpointSaved(
+                    run_id=model_id, kind="weights", name=save.name, files={"state.safetensors": blob()}
+                )
                 dedup = Dedup.of(f"seq:{model_id}:{seq}", save.model_dump_json().encode())
-                yield from ask_and_answer(te.SAVE_WEIGHTS, save, tenant, model_id, dedup, {"path": saved.tinker_path, "type": "save_weights"}, checkpoint=saved)
-        yield event(se.SESSION_FINISHED, se.SessionFinished(session_id=session_id, reason="success"), tenant, key=session_id, subject=session_id)
+                yield from ask_and_answer(
+                    te.SAVE_WEIGHTS,
+                    save,
+                    tenant,
+                    model_id,
+                    dedup,
+                    {"path": saved.tinker_path, "type": "save_weights"},
+                    checkpoint=saved,
+                )
+        yield event(
+            se.SESSION_FINISHED,
+            se.SessionFinished(session_id=session_id, reason="success"),
+            tenant,
+            key=session_id,
+            subject=session_id,
+        )
 
 
 class Scratch:
@@ -177,7 +235,9 @@ def read_rows(store, batch: int = 2000) -> int:
     count, position = 0, 0
     with store.engine.connect() as conn:
         while True:
-            rows = conn.execute(select(t.events).where(t.events.c.position > position).order_by(t.events.c.position).limit(batch)).all()
+            rows = conn.execute(
+                select(t.events).where(t.events.c.position > position).order_by(t.events.c.position).limit(batch)
+            ).all()
             if not rows:
                 return count
             count += len(rows)
@@ -220,13 +280,13 @@ def bench(kind: str, events: int, directory: Path) -> dict:
         history = list(itertools.islice(life(events), events))  # made first, so the append is timed alone
         mix = Counter(".".join(event.type.split(".")[2:5]) for event, _ in history)
 
-        def append_all() -> int:
+        def append_all(history: list) -> int:
             for event, dedup in history:
                 live_store.append(event, dedup=dedup)
             return len(history)
 
-        appended, append_seconds = timed(append_all)
-        del history
+        appended, append_seconds = timed(append_all, history)
+        del history  # freed before the timed reads
         rows, rows_seconds = timed(read_rows, live_store)
         decoded, decode_seconds = timed(read_events, live_store)
         target_store, rebuilt = scratch.store("rebuilt")
@@ -257,23 +317,43 @@ def main() -> None:
         for kind in [k.strip() for k in args.stores.split(",") if k.strip()]:
             directory = Path(root) / kind
             directory.mkdir()
-            results[kind] = bench(kind, args.events if kind == "sqlite" or args.pg_events is None else min(args.events, args.pg_events), directory)
+            results[kind] = bench(
+                kind,
+                args.events if kind == "sqlite" or args.pg_events is None else min(args.events, args.pg_events),
+                directory,
+            )
             r = results[kind]
-            print(f"{kind}: appended {r['appended']} events in {r['append_s']:.0f} s, rebuilt in {r['rebuild_s']:.0f} s", flush=True)
+            print(
+                f"{kind}: appended {r['appended']} events in {r['append_s']:.0f} s, rebuilt in {r['rebuild_s']:.0f} s",
+                flush=True,
+            )
 
     largest = max(results.values(), key=lambda r: r["appended"])
-    print(f"\nthe history of {largest['appended']} events: " + ", ".join(f"{name} {n}" for name, n in largest["mix"].most_common()))
-    print(f"\n{'store':10} {'events':>7} {'append (live)':>14} {'read rows':>11} {'read+decode':>12} {'rebuild':>9} {'fold only':>10} {'diff':>7}  replay")
+    print(
+        f"\nthe history of {largest['appended']} events: "
+        + ", ".join(f"{name} {n}" for name, n in largest["mix"].most_common())
+    )
+    print(
+        f"\n{'store':10} {'events':>7} {'append (live)':>14} {'read rows':>11} {'read+decode':>12} {'rebuild':>9} {'fold only':>10} {'diff':>7}  replay"
+    )
     for kind, r in results.items():
         fold_seconds = r["rebuild_s"] - r["decode_s"]
         print(
             f"{kind:10} {r['appended']:7d} {r['appended'] / r['append_s']:10.0f} e/s {r['rows'] / r['rows_s']:7.0f} e/s {r['decoded'] / r['decode_s']:8.0f} e/s "
             f"{r['replayed'] / r['rebuild_s']:5.0f} e/s {r['replayed'] / fold_seconds:6.0f} e/s {r['diff_s']:5.1f} s  "
-            + ("projections match" if not r["differences"] else f"{len(r['differences'])} DIFFERENCES: {r['differences'][:3]}")
+            + (
+                "projections match"
+                if not r["differences"]
+                else f"{len(r['differences'])} DIFFERENCES: {r['differences'][:3]}"
+            )
         )
     print("e/s = events per second; rebuild = read+decode and append each event into a fresh store (replay.rebuild);")
-    print("fold only = events / (rebuild time - read+decode time); from PostgreSQL the rebuild fetches the next chunk while it")
-    print("folds, and into either store the last chunk is written while the next is folded (PostgreSQL: a thread; a SQLite file:")
+    print(
+        "fold only = events / (rebuild time - read+decode time); from PostgreSQL the rebuild fetches the next chunk while it"
+    )
+    print(
+        "folds, and into either store the last chunk is written while the next is folded (PostgreSQL: a thread; a SQLite file:"
+    )
     print("a writer process, eventing/store/sqlite_writer.py), so it is an upper bound on the fold's own rate")
     if any(r["differences"] for r in results.values()):
         raise SystemExit(1)

@@ -55,14 +55,20 @@ def main() -> None:
         engine = create_engine(f"sqlite:///{Path(data_dir) / 'events.db'}")
         with engine.connect() as conn:
             rows = conn.execute(
-                select(tables.events.c.subject, tables.events.c.time).where(tables.events.c.type.like("%optim_step.completed%"))
+                select(tables.events.c.subject, tables.events.c.time).where(
+                    tables.events.c.type.like("%optim_step.completed%")
+                )
             ).all()
         engine.dispose()
     wake = [(returned[subject] - utc(when).timestamp()) * 1000 for subject, when in rows if subject in returned]
     trips = [t * 1000 for t in round_trips]
     print(f"{len(wake)} optim_step futures on openrl/tiny-qwen3, retrieve_future long-polling")
-    print(f"completion event -> retrieve_future returns: p50 {statistics.median(wake):.1f} ms, p99 {percentile(wake, 0.99):.1f} ms")
-    print(f"submit -> result round trip:                 p50 {statistics.median(trips):.1f} ms, p99 {percentile(trips, 0.99):.1f} ms")
+    print(
+        f"completion event -> retrieve_future returns: p50 {statistics.median(wake):.1f} ms, p99 {percentile(wake, 0.99):.1f} ms"
+    )
+    print(
+        f"submit -> result round trip:                 p50 {statistics.median(trips):.1f} ms, p99 {percentile(trips, 0.99):.1f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -34,7 +34,11 @@ LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) DEBUG (\S+): (.*
 
 
 def _ts(text: str) -> float:
-    return datetime.fromisoformat(text).replace(tzinfo=timezone.utc).timestamp() if "+" not in text else datetime.fromisoformat(text).timestamp()
+    return (
+        datetime.fromisoformat(text).replace(tzinfo=timezone.utc).timestamp()
+        if "+" not in text
+        else datetime.fromisoformat(text).timestamp()
+    )
 
 
 def events(data_dir: Path) -> list[dict]:
@@ -44,7 +48,9 @@ def events(data_dir: Path) -> list[dict]:
 
     engine = create_engine(f"sqlite:///{data_dir / 'events.db'}")
     with engine.connect() as conn:
-        rows = conn.execute(select(tables.events.c.type, tables.events.c.time, tables.events.c.data).order_by(tables.events.c.position)).all()
+        rows = conn.execute(
+            select(tables.events.c.type, tables.events.c.time, tables.events.c.data).order_by(tables.events.c.position)
+        ).all()
     engine.dispose()
     out = []
     for type_, when, data in rows:
@@ -52,7 +58,13 @@ def events(data_dir: Path) -> list[dict]:
             payload = json.loads(data) if data else {}
         except ValueError:
             payload = {}
-        out.append({"type": type_, "time": when.replace(tzinfo=timezone.utc).timestamp() if when.tzinfo is None else when.timestamp(), "data": payload})
+        out.append(
+            {
+                "type": type_,
+                "time": when.replace(tzinfo=timezone.utc).timestamp() if when.tzinfo is None else when.timestamp(),
+                "data": payload,
+            }
+        )
     return out
 
 
@@ -112,7 +124,7 @@ def report(data_dir: Path, log_path: Path, since: float, until: float) -> None:
         m = re.search(r"sampler: batch of .* ran ([\d.]+) s", text)
         if m:
             batches.append((t - float(m.group(1)), t, text))
-    print(f"\n== timeline (s from phase start; verbs S sample, F forward_backward, O optim_step, W save_for_sampler) ==")
+    print("\n== timeline (s from phase start; verbs S sample, F forward_backward, O optim_step, W save_for_sampler) ==")
     print("job verb   gateway  start    done     wait   work")
     for r in sorted(table.values(), key=lambda r: r["requested"]):
         started = r.get("started")
@@ -124,7 +136,9 @@ def report(data_dir: Path, log_path: Path, since: float, until: float) -> None:
         s = f"{started - since:7.3f}" if started else "   -   "
         w = f"{started - r['requested']:6.3f}" if started else "  -   "
         k = f"{r['done'] - started:6.3f}" if started else "  -   "
-        print(f"{label.get(r.get('model'), '?'):>3} {VERBS[r['verb']]:>4} {r['requested'] - since:8.3f} {s} {r['done'] - since:8.3f} {w} {k}")
+        print(
+            f"{label.get(r.get('model'), '?'):>3} {VERBS[r['verb']]:>4} {r['requested'] - since:8.3f} {s} {r['done'] - since:8.3f} {w} {k}"
+        )
     print("\n== worker lines ==")
     for t, name, text in lines:
         if "packed" in text or "sampler: batch" in text or "turn" in text:
@@ -159,7 +173,9 @@ def main() -> None:
     extra = {"OPENRL_LOG_LEVEL": "DEBUG", "OPENRL_SNAPSHOT_EVERY_STEPS": "0"}
     extra.update(dict(kv.split("=", 1) for kv in args.env))
     data_dir = Path(tempfile.mkdtemp(prefix="openrl-rl-timeline-"))
-    server = LocalServer(data_dir, [SERVICE_MODEL], "alice=tml-bench-alice,bob=tml-bench-bob", extra_env=extra).wait_ready()
+    server = LocalServer(
+        data_dir, [SERVICE_MODEL], "alice=tml-bench-alice,bob=tml-bench-bob", extra_env=extra
+    ).wait_ready()
     try:
         rl_run(server.url, 1, 2, args.env_seconds)  # warm-up
         since = time.time()

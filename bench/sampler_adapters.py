@@ -164,7 +164,9 @@ def main() -> None:
     adapters = make_adapters(files, args.loaded + 2, args.rank)
     probe = adapters[-1]
     engines = {"old": PeftPath(files), "new": SamplerEngine(files)}
-    print(f"{files.name}, LoRA rank {args.rank} (attn+mlp+lm_head), torch threads {torch.get_num_threads()}, {args.reps} reps")
+    print(
+        f"{files.name}, LoRA rank {args.rank} (attn+mlp+lm_head), torch threads {torch.get_num_threads()}, {args.reps} reps"
+    )
 
     def loads(already: int) -> dict[str, tuple[float, float]]:
         for engine in engines.values():
@@ -190,7 +192,9 @@ def main() -> None:
     def jobs(keys) -> list[SampleJob]:
         return [SampleJob(prompt, 4, params, adapter=key) for key in keys]
 
-    print(f"\n(2) sample(), 24-token prompt, 4 samples x 8 tokens per job, {args.loaded} adapters loaded, median seconds")
+    print(
+        f"\n(2) sample(), 24-token prompt, 4 samples x 8 tokens per job, {args.loaded} adapters loaded, median seconds"
+    )
     cases = {"1 job": ["a0"], "4 jobs, 4 adapters": ["a0", "a1", "a2", "a3"]}
     for label, keys in cases.items():
         runs = {

@@ -58,7 +58,9 @@ def main() -> None:
     engine = SamplerEngine(files, device=args.device, max_batch_rows=args.prompts * args.samples)
     model = load_causal_lm(files, device=args.device).eval()
     batch = tokenizer.pad({"input_ids": prompts}, return_tensors="pt").to(args.device)
-    jobs = [SampleJob(p, args.samples, SamplingParams(max_tokens=args.tokens, stop=[], temperature=1.0)) for p in prompts]
+    jobs = [
+        SampleJob(p, args.samples, SamplingParams(max_tokens=args.tokens, stop=[], temperature=1.0)) for p in prompts
+    ]
 
     def run_engine() -> int:
         results = engine.sample(jobs)
@@ -105,7 +107,9 @@ def main() -> None:
     )
     print("engine runs (s): " + " ".join(f"{t:.3f}" for t in engine_s))
     print("hf     runs (s): " + " ".join(f"{t:.3f}" for t in hf_s))
-    print(f"median engine {engine_med:.3f} s, median HF generate {hf_med:.3f} s, ratio engine/HF {engine_med / hf_med:.3f}")
+    print(
+        f"median engine {engine_med:.3f} s, median HF generate {hf_med:.3f} s, ratio engine/HF {engine_med / hf_med:.3f}"
+    )
 
 
 if __name__ == "__main__":

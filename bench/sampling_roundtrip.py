@@ -56,7 +56,10 @@ def main() -> None:
         params = types.SamplingParams(max_tokens=args.tokens, stop=[], temperature=1.0)
 
         def sdk() -> int:
-            futures = [sampler.sample(prompt=types.ModelInput.from_ints(p), num_samples=args.samples, sampling_params=params) for p in prompts]
+            futures = [
+                sampler.sample(prompt=types.ModelInput.from_ints(p), num_samples=args.samples, sampling_params=params)
+                for p in prompts
+            ]
             return sum(len(s.tokens) for f in futures for s in f.result().sequences)
 
         expected = args.prompts * args.samples * args.tokens
@@ -69,7 +72,9 @@ def main() -> None:
                 times.append(time.perf_counter() - started)
         service.close("success").result()
     ratios = [a / b for a, b in zip(sdk_times, hf_times)]
-    print(f"{MODEL}: {args.prompts} prompts x {args.samples} samples x {args.tokens} tokens, {args.rounds} paired rounds")
+    print(
+        f"{MODEL}: {args.prompts} prompts x {args.samples} samples x {args.tokens} tokens, {args.rounds} paired rounds"
+    )
     print(f"SDK sample via openrl serve: median {statistics.median(sdk_times):.3f} s")
     print(f"HF generate in-process:      median {statistics.median(hf_times):.3f} s")
     print(f"ratio SDK/HF: median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})")

@@ -49,7 +49,9 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--samples", type=int, default=8, help="sample requests per step, 16 tokens each")
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the server process")
-    parser.add_argument("--idle-seconds", type=float, default=1.5, help="wait this long before each reading (the idle trim)")
+    parser.add_argument(
+        "--idle-seconds", type=float, default=1.5, help="wait this long before each reading (the idle trim)"
+    )
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()
 
@@ -108,8 +110,11 @@ def main() -> None:
                     record("step 1 trained")
                 sampler = training.save_weights_and_get_sampling_client().result()
                 futures = [
-                    sampler.sample(prompt=types.ModelInput.from_ints([rng.randrange(vocab) for _ in range(12)]),
-                                   num_samples=1, sampling_params=params)  # fmt: skip
+                    sampler.sample(
+                        prompt=types.ModelInput.from_ints([rng.randrange(vocab) for _ in range(12)]),
+                        num_samples=1,
+                        sampling_params=params,
+                    )  # fmt: skip
                     for _ in range(args.samples)
                 ]
                 for future in futures:

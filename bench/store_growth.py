@@ -69,7 +69,9 @@ def main() -> None:
     parser.add_argument("--sizes", default="1000,200000", help="comma-separated store sizes N")
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
-    print(f"{'N':>9} {'gateway batch of 8':>19} {'outbox relay read':>18} {'one run view':>13}   (ms, median of {args.repeats})")
+    print(
+        f"{'N':>9} {'gateway batch of 8':>19} {'outbox relay read':>18} {'one run view':>13}   (ms, median of {args.repeats})"
+    )
     for n in [int(size) for size in args.sizes.split(",")]:
         with tempfile.TemporaryDirectory(prefix="openrl-growth-") as root:
             store = filled(Path(root), n)
@@ -79,12 +81,20 @@ def main() -> None:
                 items = []
                 for k in range(8):
                     s = next(seq)
-                    payload = te.OptimStepRequested(request_id=f"q{s}", model_id=f"run-{k}", seq_id=s, adam_params=AdamParams())
-                    event = new_event(te.OPTIM_STEP["requested"], payload, tenant="alice", source="/bench", key=f"run-{k}")
+                    payload = te.OptimStepRequested(
+                        request_id=f"q{s}", model_id=f"run-{k}", seq_id=s, adam_params=AdamParams()
+                    )
+                    event = new_event(
+                        te.OPTIM_STEP["requested"], payload, tenant="alice", source="/bench", key=f"run-{k}"
+                    )
                     items.append((event, "openrl.alice.training", Dedup.of(f"seq:run-{k}:{s}", b"body")))
                 store.append_many(items)
 
-            row = (median_ms(batch, args.repeats), median_ms(store.unpublished, args.repeats), median_ms(lambda: views.run("alice", "old-run-0"), args.repeats))
+            row = (
+                median_ms(batch, args.repeats),
+                median_ms(store.unpublished, args.repeats),
+                median_ms(lambda: views.run("alice", "old-run-0"), args.repeats),
+            )
             print(f"{n:>9,} {row[0]:>19.2f} {row[1]:>18.2f} {row[2]:>13.2f}")
             store.engine.dispose()
 

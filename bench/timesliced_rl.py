@@ -53,7 +53,9 @@ def run_job(url: str, job: dict, steps: int, env_seconds: float, out: dict) -> N
 
     service = tinker.ServiceClient(base_url=url, api_key=job["key"])
     metadata = {"openrl.full_finetune": "true"} if job["full"] else None
-    training = service.create_lora_training_client(base_model=MODEL, rank=8, seed=job["seed"], user_metadata=metadata).result()
+    training = service.create_lora_training_client(
+        base_model=MODEL, rank=8, seed=job["seed"], user_metadata=metadata
+    ).result()
     rng = np.random.default_rng(job["seed"])
     prompts = [rng.integers(100, 5000, size=BATCH_LENGTH - MAX_TOKENS).tolist() for _ in range(PROMPTS)]
     sampler = training.save_weights_and_get_sampling_client().result()
@@ -89,12 +91,21 @@ def run_job(url: str, job: dict, steps: int, env_seconds: float, out: dict) -> N
         next_sampler = training.save_weights_and_get_sampling_client()
         trained = fb.result()
         loss = trained.metrics["loss:sum"]
-        train_logprob = float(sum(out["logprobs"].to_numpy().astype(np.float64).sum() for out in trained.loss_fn_outputs))
+        train_logprob = float(
+            sum(out["logprobs"].to_numpy().astype(np.float64).sum() for out in trained.loss_fn_outputs)
+        )
         opt.result()
         sampler = next_sampler.result()
         marks["done"] = time.time()
         phases.append(marks)
-        curve.append({"loss": loss, "reward": float(np.mean(rewards)), "sampled_logprob": sampled_logprob, "train_logprob": train_logprob})
+        curve.append(
+            {
+                "loss": loss,
+                "reward": float(np.mean(rewards)),
+                "sampled_logprob": sampled_logprob,
+                "train_logprob": train_logprob,
+            }
+        )
         step_times.append(time.perf_counter() - started)
     out[job["name"]] = {"curve": curve, "step_seconds": step_times, "phases": phases}
     service.close("success").result()
@@ -138,7 +149,9 @@ def calibrate(url: str) -> float:
     from tinker import types
 
     service = tinker.ServiceClient(base_url=url, api_key=JOBS[0]["key"])
-    training = service.create_lora_training_client(base_model=MODEL, user_metadata={"openrl.full_finetune": "true"}).result()
+    training = service.create_lora_training_client(
+        base_model=MODEL, user_metadata={"openrl.full_finetune": "true"}
+    ).result()
     rng = np.random.default_rng(0)
     data = [types.Datum(model_input=types.ModelInput.from_ints(rng.integers(100, 5000, BATCH_LENGTH - 1).tolist()),
                         loss_fn_inputs={"target_tokens": rng.integers(100, 5000, BATCH_LENGTH - 1).tolist()})
@@ -156,8 +169,12 @@ def calibrate(url: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--budget", default="700MiB", help="the accelerator memory budget (smaller than the three jobs' state)")
-    parser.add_argument("--affinity", type=float, default=None, help="OPENRL_TIMESLICER_AFFINITY_SECONDS (default: the setting's)")
+    parser.add_argument(
+        "--budget", default="700MiB", help="the accelerator memory budget (smaller than the three jobs' state)"
+    )
+    parser.add_argument(
+        "--affinity", type=float, default=None, help="OPENRL_TIMESLICER_AFFINITY_SECONDS (default: the setting's)"
+    )
     parser.add_argument("--policy", default="lrs", choices=("fifo", "lrs"))
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     args = parser.parse_args()
@@ -166,7 +183,11 @@ def main() -> None:
     from functions.timeslicer.setup import UNIX_PATH_MAX
 
     data_dir = Path(tempfile.mkdtemp(prefix="openrl-ts-bench-"))
-    env = {"OPENRL_ACCELERATOR_MEMORY": args.budget, "OPENRL_TIMESLICER_POLICY": args.policy, "OPENRL_SNAPSHOT_EVERY_STEPS": "0"}
+    env = {
+        "OPENRL_ACCELERATOR_MEMORY": args.budget,
+        "OPENRL_TIMESLICER_POLICY": args.policy,
+        "OPENRL_SNAPSHOT_EVERY_STEPS": "0",
+    }
     if args.affinity is not None:
         env["OPENRL_TIMESLICER_AFFINITY_SECONDS"] = str(args.affinity)
     server = LocalServer(data_dir, [MODEL], KEYS, extra_env=env).wait_ready()
@@ -175,16 +196,22 @@ def main() -> None:
     try:
         step = calibrate(server.url)
         env_seconds = 2 * step
-        print(f"a full fine-tuning step's compute: {step:.2f} s; the environment grades each batch in {env_seconds:.2f} s")
+        print(
+            f"a full fine-tuning step's compute: {step:.2f} s; the environment grades each batch in {env_seconds:.2f} s"
+        )
         # the same order both times, so a job's sampler and trainer state are as big in each mode
         sequential = measure(server.url, socket, JOBS, args.steps, env_seconds, concurrent=False)
-        concurrent = measure(server.url, socket, [dict(j, seed=j["seed"]) for j in JOBS], args.steps, env_seconds, concurrent=True)
+        concurrent = measure(
+            server.url, socket, [dict(j, seed=j["seed"]) for j in JOBS], args.steps, env_seconds, concurrent=True
+        )
         final = status(socket)
     finally:
         server.stop()
 
-    print(f"\nbudget {args.budget}, policy {args.policy}, affinity {args.affinity if args.affinity is not None else 'default'}; per job {args.steps} RL steps of {PROMPTS} prompts x {GROUP} samples x {MAX_TOKENS} tokens")
-    print(f"resident jobs at the end: " + ", ".join(f"{r['job'].split('/', 1)[1]} {r['bytes'] / 2**20:.0f} MiB"
+    print(
+        f"\nbudget {args.budget}, policy {args.policy}, affinity {args.affinity if args.affinity is not None else 'default'}; per job {args.steps} RL steps of {PROMPTS} prompts x {GROUP} samples x {MAX_TOKENS} tokens"
+    )
+    print("resident jobs at the end: " + ", ".join(f"{r['job'].split('/', 1)[1]} {r['bytes'] / 2**20:.0f} MiB"
                                                    f"{' (parked)' if r['parked'] else ''}" for r in final["residents"]))  # fmt: skip
     print(f"\n{'':<24}{'one after another':>20}{'at once':>14}{'ratio':>10}")
     for label, key, fmt in (("wall time (s)", "wall", "{:.1f}"), ("duty cycle", "duty_cycle", "{:.1%}"),
@@ -204,10 +231,14 @@ def main() -> None:
         a, b = sequential["jobs"][job["name"]]["curve"], concurrent["jobs"][job["name"]]["curve"]
         identical = a == b
         same &= identical
-        print(f"  {job['name']}: {'bitwise identical' if identical else 'DIFFERENT'} "
-              f"loss {a[0]['loss']:.4f} -> {a[-1]['loss']:.4f}, reward {a[0]['reward']:.3f} -> {a[-1]['reward']:.3f}")
-    print(f"\nduty cycle {concurrent['duty_cycle'] / sequential['duty_cycle']:.2f}x (target >= 2), "
-          f"wall {concurrent['wall'] / sequential['wall']:.2f}x (target <= 0.5), curves {'identical' if same else 'DIFFER'}")
+        print(
+            f"  {job['name']}: {'bitwise identical' if identical else 'DIFFERENT'} "
+            f"loss {a[0]['loss']:.4f} -> {a[-1]['loss']:.4f}, reward {a[0]['reward']:.3f} -> {a[-1]['reward']:.3f}"
+        )
+    print(
+        f"\nduty cycle {concurrent['duty_cycle'] / sequential['duty_cycle']:.2f}x (target >= 2), "
+        f"wall {concurrent['wall'] / sequential['wall']:.2f}x (target <= 0.5), curves {'identical' if same else 'DIFFER'}"
+    )
     if args.json:
         args.json.write_text(json.dumps({"sequential": sequential, "concurrent": concurrent, "budget": args.budget,
                                          "step_seconds": step, "env_seconds": env_seconds}, indent=2))  # fmt: skip

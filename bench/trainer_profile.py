@@ -31,7 +31,12 @@ def batch(rows: int, tokens: int, seed: int = 0):
     out = []
     for _ in range(rows):
         ids = rng.integers(100, 20000, size=tokens + 1)
-        out.append(Datum(ids[:-1].astype(np.int64), {"target_tokens": ids[1:].astype(np.int64), "weights": np.ones(tokens, np.float32)}))
+        out.append(
+            Datum(
+                ids[:-1].astype(np.int64),
+                {"target_tokens": ids[1:].astype(np.int64), "weights": np.ones(tokens, np.float32)},
+            )
+        )
     return out
 
 
@@ -54,7 +59,10 @@ def peft_step(files, device: str, data, rank: int):
 
     from functions.compute.models import load_causal_lm
 
-    model = get_peft_model(load_causal_lm(files, device=device), LoraConfig(r=rank, lora_alpha=32, target_modules=TARGETS, lora_dropout=0.0))
+    model = get_peft_model(
+        load_causal_lm(files, device=device),
+        LoraConfig(r=rank, lora_alpha=32, target_modules=TARGETS, lora_dropout=0.0),
+    )
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     tokens = torch.tensor(np.stack([d.tokens_N for d in data]), device=device)
     targets = torch.tensor(np.stack([d.loss_fn_inputs["target_tokens"] for d in data]), device=device)
@@ -86,7 +94,9 @@ def profile(label: str, step, device: str, steps: int) -> None:
         wall = (time.perf_counter() - started) / steps
     events = prof.key_averages()
     device_us = sum(e.self_device_time_total for e in events if getattr(e, "self_device_time_total", 0)) / steps
-    launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel")) / steps
+    launches = (
+        sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel")) / steps
+    )
     waits = {key: sum(e.count for e in events if e.key == key) / steps for key in WAITS}
     print(f"{label}: wall {wall * 1000:.1f} ms a step; device busy {device_us / 1000:.1f} ms a step "
           f"({100 * device_us / 1e6 / wall:.0f}%); {launches:.0f} kernel launches a step; host waits a step: "
@@ -109,8 +119,15 @@ def main() -> None:
 
     files = ModelDirectory(Catalog.from_names([MODELS[args.model]])).files(MODELS[args.model])
     data = batch(args.rows, args.tokens)
-    print(f"{MODELS[args.model]} on {args.device}, LoRA rank {args.rank}, {args.rows} x {args.tokens} tokens, {args.steps} profiled steps")
-    profile("TrainerEngine forward_backward + optim_step", trainer_step(files, args.device, data, args.rank), args.device, args.steps)
+    print(
+        f"{MODELS[args.model]} on {args.device}, LoRA rank {args.rank}, {args.rows} x {args.tokens} tokens, {args.steps} profiled steps"
+    )
+    profile(
+        "TrainerEngine forward_backward + optim_step",
+        trainer_step(files, args.device, data, args.rank),
+        args.device,
+        args.steps,
+    )
     profile("direct peft step", peft_step(files, args.device, data, args.rank), args.device, args.steps)
 
 

@@ -64,7 +64,9 @@ def bench_model(key: str, args) -> dict:
     files = materialize(BUILTIN[MODELS[key]])
     tokenizer = load_tokenizer(files)
     chats = [[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}] for i in range(args.prompts)]
-    prompts = [list(tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True)["input_ids"]) for c in chats]
+    prompts = [
+        list(tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True)["input_ids"]) for c in chats
+    ]
     rows = args.prompts * args.samples
     torch_engine = SamplerEngine(files, max_batch_rows=rows)
     started = time.perf_counter()
@@ -123,11 +125,17 @@ def report(reports: list[dict], args, tokens: int) -> None:
         f"{'base model' if not args.adapters else f'{args.adapters} LoRA adapters'}; torch threads {torch.get_num_threads()}; "
         f"{args.reps} alternating reps (median)"
     )
-    print(f"{'model':6} {'torch s':>8} {'vllm s':>8} {'vllm/torch':>10} {'torch tok/s':>11} {'vllm tok/s':>10} {'vllm start s':>12}")
+    print(
+        f"{'model':6} {'torch s':>8} {'vllm s':>8} {'vllm/torch':>10} {'torch tok/s':>11} {'vllm tok/s':>10} {'vllm start s':>12}"
+    )
     for r in reports:
         t, v = statistics.median(r["torch"]), statistics.median(r["vllm"])
-        print(f"{r['model']:6} {t:8.2f} {v:8.2f} {v / t:10.2f} {tokens / t:11.0f} {tokens / v:10.0f} {r['startup']:12.1f}")
-        print(f"       runs torch {' '.join(f'{x:.2f}' for x in r['torch'])} | vllm {' '.join(f'{x:.2f}' for x in r['vllm'])}")
+        print(
+            f"{r['model']:6} {t:8.2f} {v:8.2f} {v / t:10.2f} {tokens / t:11.0f} {tokens / v:10.0f} {r['startup']:12.1f}"
+        )
+        print(
+            f"       runs torch {' '.join(f'{x:.2f}' for x in r['torch'])} | vllm {' '.join(f'{x:.2f}' for x in r['vllm'])}"
+        )
     sys.stdout.flush()
 
 

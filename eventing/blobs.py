@@ -30,7 +30,9 @@ NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
 
 def storage_full(exc: OSError, what: str) -> StorageFull:
     reason = "over its quota" if exc.errno == errno.EDQUOT else "full"
-    return StorageFull(f"the data disk is {reason}: {what} could not be stored (nothing was kept); retry once space is freed")
+    return StorageFull(
+        f"the data disk is {reason}: {what} could not be stored (nothing was kept); retry once space is freed"
+    )
 
 
 class BlobStore:

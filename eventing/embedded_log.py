@@ -55,6 +55,7 @@ _MAX_IDLE_WAIT = 0.5
 _TAIL_RECORDS = 1024
 _TAIL_BYTES = 32 * 1024 * 1024
 
+
 def partition_for(key: Optional[bytes], partitions: int, counter: int) -> int:
     """Same key, same partition (crc32 is stable across processes, unlike hash())."""
     if key is None:
@@ -94,7 +95,9 @@ class EmbeddedLog:
         self._topics: dict[str, int] = dict(self._conn.execute("SELECT name, partitions FROM topics").fetchall())
         self._next: dict[TopicPartition, int] = {
             (t, p): int(o) + 1
-            for t, p, o in self._conn.execute("SELECT topic, partition, MAX(offset) FROM records GROUP BY topic, partition")
+            for t, p, o in self._conn.execute(
+                "SELECT topic, partition, MAX(offset) FROM records GROUP BY topic, partition"
+            )
         }
         self._groups: dict[str, _Group] = {}
         # (topic, partition, offset) -> Record, oldest first (insertion order), committed ones only.
@@ -143,9 +146,12 @@ class EmbeddedLog:
         try:
             self._writer.execute("BEGIN IMMEDIATE")
             try:
-                self._writer.executemany("INSERT OR IGNORE INTO topics VALUES (?, ?)", [(t, known[t]) for t in new_topics])
                 self._writer.executemany(
-                    "INSERT INTO records (topic, partition, offset, key, headers, value, ts) VALUES (?, ?, ?, ?, ?, ?, ?)", rows
+                    "INSERT OR IGNORE INTO topics VALUES (?, ?)", [(t, known[t]) for t in new_topics]
+                )
+                self._writer.executemany(
+                    "INSERT INTO records (topic, partition, offset, key, headers, value, ts) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    rows,
                 )
                 self._writer.executemany(
                     "INSERT INTO commits (grp, topic, partition, next_offset) VALUES (?, ?, ?, ?) "
@@ -283,7 +289,9 @@ class EmbeddedConsumer:
 
     def committed(self) -> dict[TopicPartition, int]:
         with self._log._lock:
-            rows = self._log._conn.execute("SELECT topic, partition, next_offset FROM commits WHERE grp = ?", (self.group,))
+            rows = self._log._conn.execute(
+                "SELECT topic, partition, next_offset FROM commits WHERE grp = ?", (self.group,)
+            )
             return {(t, p): o for t, p, o in rows}
 
     def close(self) -> None:

@@ -43,7 +43,9 @@ class _Slot:
 
 
 class GroupCommit(Generic[Item, Result]):
-    def __init__(self, write_batch: Callable[[list], Sequence[Union[Result, BaseException]]], max_batch: int = 0) -> None:
+    def __init__(
+        self, write_batch: Callable[[list], Sequence[Union[Result, BaseException]]], max_batch: int = 0
+    ) -> None:
         """`max_batch` > 0 caps how many items one call writes (the rest go in the next)."""
         self._write_batch = write_batch
         self._max_batch = max_batch

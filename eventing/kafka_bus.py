@@ -29,7 +29,8 @@ from kafka.admin import OffsetSpec
 from kafka.errors import TopicAlreadyExistsError
 from kafka.structs import MemberState
 
-from eventing.bus import Record, TopicPartition as TP
+from eventing.bus import Record
+from eventing.bus import TopicPartition as TP
 from eventing.codec import Message
 
 
@@ -176,7 +177,9 @@ class KafkaBus:
             consumer.subscribe(topics=list(topics))
         else:
             consumer.subscribe(pattern=pattern)
-        wrapped = KafkaBusConsumer(self, consumer, group, close_timeout_ms=self._session_timeout_ms, idle_pause=self._idle_poll_pause)
+        wrapped = KafkaBusConsumer(
+            self, consumer, group, close_timeout_ms=self._session_timeout_ms, idle_pause=self._idle_poll_pause
+        )
         with self._lock:
             self._consumers.append(wrapped)
         return wrapped
@@ -221,7 +224,9 @@ class KafkaBus:
 class KafkaBusConsumer:
     """One member of a consumer group; like KafkaConsumer, use it from one thread."""
 
-    def __init__(self, bus: KafkaBus, consumer: KafkaConsumer, group: str, close_timeout_ms: int, idle_pause: float = 0.0) -> None:
+    def __init__(
+        self, bus: KafkaBus, consumer: KafkaConsumer, group: str, close_timeout_ms: int, idle_pause: float = 0.0
+    ) -> None:
         self._bus = bus
         self._consumer = consumer
         self.group = group
@@ -267,7 +272,11 @@ class KafkaBusConsumer:
         the records are then delivered again, to this member or another one."""
         if self._closed:
             return
-        chosen = None if offsets is None else {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()}
+        chosen = (
+            None
+            if offsets is None
+            else {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()}
+        )
         if wait:
             self._consumer.commit(chosen)  # None: the positions after the last record poll returned
         else:

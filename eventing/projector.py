@@ -25,7 +25,12 @@ log = logging.getLogger(__name__)
 
 class Projector:
     def __init__(
-        self, bus: EventBus, store: EventStore, notifier, group: str = "openrl-projector", instance_id: Optional[str] = None
+        self,
+        bus: EventBus,
+        store: EventStore,
+        notifier,
+        group: str = "openrl-projector",
+        instance_id: Optional[str] = None,
     ) -> None:
         self.store = store
         self.notifier = notifier
@@ -40,7 +45,9 @@ class Projector:
             try:
                 events.append(self.store.codec.decode(record.message))
             except Exception:  # a poison record must not stall every tenant behind it
-                log.exception("projector: undecodable record %s/%s@%s skipped", record.topic, record.partition, record.offset)
+                log.exception(
+                    "projector: undecodable record %s/%s@%s skipped", record.topic, record.partition, record.offset
+                )
         # One transaction for the whole poll (a redelivered event id is still a no-op).
         self.store.append_batch([(event, None) for event in events])
         woken = [request_id for event in events if (request_id := getattr(event.data, "request_id", None))]

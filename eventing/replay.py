@@ -153,7 +153,9 @@ def read_log(
 _PHASE_ORDER = {"requested": 0, "started": 1}
 
 
-def rebuild_from_events(events: list[tuple[Event, Optional[Dedup]]], target: EventStore, batch: int = 2000) -> tuple[int, float]:
+def rebuild_from_events(
+    events: list[tuple[Event, Optional[Dedup]]], target: EventStore, batch: int = 2000
+) -> tuple[int, float]:
     """Append (event, dedup) pairs to `target` in the given order; returns (new events, seconds)."""
     started = time.perf_counter()
     rebuilder = target.rebuilder()

@@ -28,7 +28,6 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-
 from curves import read_jsonl  # noqa: E402
 
 RECIPE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "text_to_sql_rl.py")
@@ -47,9 +46,32 @@ def run_name(lr: float, rank: int, group: int) -> str:
 
 
 def launch(name: str, lr: float, rank: int, group: int, args) -> subprocess.Popen:
-    command = [sys.executable, RECIPE, "--learning-rate", str(lr), "--rank", str(rank), "--group-size", str(group),
-               "--steps", str(args.steps), "--batch-size", str(args.batch_size), "--eval-size", str(args.eval_size), "--max-tokens", str(args.max_tokens),
-               "--base-model", args.base_model, "--seed", str(args.seed), "--out", os.path.join(args.out, name), "--label", name]
+    command = [
+        sys.executable,
+        RECIPE,
+        "--learning-rate",
+        str(lr),
+        "--rank",
+        str(rank),
+        "--group-size",
+        str(group),
+        "--steps",
+        str(args.steps),
+        "--batch-size",
+        str(args.batch_size),
+        "--eval-size",
+        str(args.eval_size),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--base-model",
+        args.base_model,
+        "--seed",
+        str(args.seed),
+        "--out",
+        os.path.join(args.out, name),
+        "--label",
+        name,
+    ]
     log = open(os.path.join(args.out, name + ".log"), "w")
     # Each run's own progress lines go to its log; this process prints a line per finished run.
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -79,11 +101,15 @@ def write_report(results: list[dict], args, wall: float) -> str:
         mark = " **best**" if best is not None and r["name"] == best["name"] else ""
         if r["ok"]:
             joins = "–" if r["after_join"] is None else f"{r['after_join']:.1%}"
-            lines.append(f"| {r['name']}{mark} | {r['lr']:g} | {r['rank']} | {r['group']} | {r['before']:.1%} | {r['after']:.1%} "
-                         f"| {joins} | {r['tail_reward']:.3f} | {r['wall_s']:.0f} |")
+            lines.append(
+                f"| {r['name']}{mark} | {r['lr']:g} | {r['rank']} | {r['group']} | {r['before']:.1%} | {r['after']:.1%} "
+                f"| {joins} | {r['tail_reward']:.3f} | {r['wall_s']:.0f} |"
+            )
         else:
-            lines.append(f"| {r['name']} | {r['lr']:g} | {r['rank']} | {r['group']} | failed (see {r['name']}.log) | | | | |")
-    lines += ["", f"![reward curves](report.png)", ""]
+            lines.append(
+                f"| {r['name']} | {r['lr']:g} | {r['rank']} | {r['group']} | failed (see {r['name']}.log) | | | | |"
+            )
+    lines += ["", "![reward curves](report.png)", ""]
     if best is not None:
         lines.append(f"Best: `{best['name']}` (held-out {best['before']:.1%} -> {best['after']:.1%}).")
     path = os.path.join(args.out, "report.md")
@@ -103,8 +129,16 @@ def write_report(results: list[dict], args, wall: float) -> str:
     plt.savefig(os.path.join(args.out, "report.png"), dpi=120)
     plt.close()
     with open(os.path.join(args.out, "report.json"), "w") as handle:
-        json.dump({"parallel": args.parallel, "wall_s": round(wall, 1), "best": best["name"] if best else None,
-                   "runs": [{k: v for k, v in r.items() if k != "rows"} for r in results]}, handle, indent=1)
+        json.dump(
+            {
+                "parallel": args.parallel,
+                "wall_s": round(wall, 1),
+                "best": best["name"] if best else None,
+                "runs": [{k: v for k, v in r.items() if k != "rows"} for r in results],
+            },
+            handle,
+            indent=1,
+        )
     return path
 
 
@@ -131,7 +165,10 @@ def main() -> None:
     pending = [(run_name(*point), *point) for point in grid]
     running: dict[str, tuple] = {}
     results: list[dict] = []
-    print(f"{len(grid)} runs, {args.parallel} at a time, against {os.environ.get('TINKER_BASE_URL', 'the default server')}", flush=True)
+    print(
+        f"{len(grid)} runs, {args.parallel} at a time, against {os.environ.get('TINKER_BASE_URL', 'the default server')}",
+        flush=True,
+    )
     while pending or running:
         while pending and len(running) < args.parallel:
             name, lr, rank, group = pending.pop(0)
@@ -146,11 +183,28 @@ def main() -> None:
             ok = process.returncode == 0 and os.path.exists(stem + ".summary.json")
             summary = json.load(open(stem + ".summary.json")) if ok else {}
             rows = read_jsonl(stem + ".jsonl") if os.path.exists(stem + ".jsonl") else []
-            results.append({"name": name, "lr": lr, "rank": rank, "group": group, "ok": ok, "rows": rows,
-                            "before": summary.get("before", 0.0), "after": summary.get("after", 0.0), "after_join": summary.get("after_join"),
-                            "tail_reward": tail_reward(rows), "wall_s": time.monotonic() - begun,
-                            "started_s": round(begun - started, 2), "ended_s": round(time.monotonic() - started, 2)})
-            status = f"held-out {summary['before']:.1%} -> {summary['after']:.1%}" if ok else f"FAILED (exit {process.returncode}, see {stem}.log)"
+            results.append(
+                {
+                    "name": name,
+                    "lr": lr,
+                    "rank": rank,
+                    "group": group,
+                    "ok": ok,
+                    "rows": rows,
+                    "before": summary.get("before", 0.0),
+                    "after": summary.get("after", 0.0),
+                    "after_join": summary.get("after_join"),
+                    "tail_reward": tail_reward(rows),
+                    "wall_s": time.monotonic() - begun,
+                    "started_s": round(begun - started, 2),
+                    "ended_s": round(time.monotonic() - started, 2),
+                }
+            )
+            status = (
+                f"held-out {summary['before']:.1%} -> {summary['after']:.1%}"
+                if ok
+                else f"FAILED (exit {process.returncode}, see {stem}.log)"
+            )
             elapsed = time.monotonic() - started
             done = len(results)
             eta = elapsed / done * (len(grid) - done)

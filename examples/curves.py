@@ -59,7 +59,9 @@ class CurveLog:
             if not points:
                 continue
             steps, values = zip(*points)
-            plt.plot(steps, _trailing_mean(list(values), smooth), label=key if smooth <= 1 else f"{key} (mean of {smooth})")
+            plt.plot(
+                steps, _trailing_mean(list(values), smooth), label=key if smooth <= 1 else f"{key} (mean of {smooth})"
+            )
         plt.xlabel("step")
         plt.ylabel(ylabel or ", ".join(keys))
         plt.title(self.title)

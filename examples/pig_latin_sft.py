@@ -21,9 +21,8 @@ import random
 import time
 
 import tinker
-from tinker import types
-
 from curves import CurveLog
+from tinker import types
 
 BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 VOWELS = "aeiou"
@@ -59,7 +58,9 @@ def prompt_tokens(tokenizer, word: str, spelled: bool) -> list[int]:
     # ChatML without the template's default system prompt: far fewer tokens than its ~40, so
     # a step on the CPU costs a fraction as much and the answer tokens carry the whole loss.
     shown = spell(word) if spelled else word
-    return tokenizer.encode(f"<|im_start|>user\nPig Latin: {shown}<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    return tokenizer.encode(
+        f"<|im_start|>user\nPig Latin: {shown}<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
+    )
 
 
 def make_datum(tokenizer, word: str, spelled: bool) -> types.Datum:
@@ -78,7 +79,11 @@ def accuracy(sampler, tokenizer, words: list[str], spelled: bool) -> float:
     """Greedy decoding, all requests in flight at once so the server can batch them."""
     params = types.SamplingParams(max_tokens=24, temperature=0.0)
     futures = [
-        sampler.sample(prompt=types.ModelInput.from_ints(prompt_tokens(tokenizer, w, spelled)), num_samples=1, sampling_params=params)
+        sampler.sample(
+            prompt=types.ModelInput.from_ints(prompt_tokens(tokenizer, w, spelled)),
+            num_samples=1,
+            sampling_params=params,
+        )
         for w in words
     ]
     correct = 0
@@ -101,7 +106,9 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--learning-rate", type=float, default=3e-3, help="peak; decays linearly to 0 over the run")
     parser.add_argument("--constant-lr", action="store_true", help="no decay (the first version of this demo)")
-    parser.add_argument("--bare-word", action="store_true", help="the word and its translation as such, not spelled out")
+    parser.add_argument(
+        "--bare-word", action="store_true", help="the word and its translation as such, not spelled out"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="out/pig_latin", help="writes <out>.jsonl, <out>.png, <out>.summary.json")
     args = parser.parse_args()
@@ -141,8 +148,18 @@ def main() -> None:
     print(f"held-out exact match before: {before:.1%}  after: {after:.1%}")
     log.plot(["loss"], ylabel="loss per target token")
     with open(args.out + ".summary.json", "w") as handle:
-        json.dump({"before": before, "after": after, "wall_s": round(wall, 1), "steps": steps, "train_words": len(train),
-                   "spelled": spelled, "constant_lr": args.constant_lr}, handle)
+        json.dump(
+            {
+                "before": before,
+                "after": after,
+                "wall_s": round(wall, 1),
+                "steps": steps,
+                "train_words": len(train),
+                "spelled": spelled,
+                "constant_lr": args.constant_lr,
+            },
+            handle,
+        )
     print(f"loss curve: {log.png_path} ({log.jsonl_path}); wall time {wall:.0f} s")
     service.close("success").result()
 

@@ -19,9 +19,8 @@ import re
 import time
 
 import tinker
-from tinker import types
-
 from curves import CurveLog
+from tinker import types
 
 BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -35,7 +34,9 @@ def prompt_tokens(tokenizer, problem: str) -> list[int]:
     # One solved turn first (ChatML, no system prompt): it shows the answer format, a bare number.
     return tokenizer.encode(
         "<|im_start|>user\nWhat is 3 + 4?<|im_end|>\n<|im_start|>assistant\n7<|im_end|>\n"
-        f"<|im_start|>user\nWhat is {problem}?<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+        f"<|im_start|>user\nWhat is {problem}?<|im_end|>\n<|im_start|>assistant\n",
+        add_special_tokens=False,
+    )
 
 
 def score(text: str, answer: int) -> float:
@@ -71,14 +72,22 @@ def main() -> None:
 
     def accuracy(sampler) -> float:
         greedy = types.SamplingParams(max_tokens=args.max_tokens, temperature=0.0, stop=stop)
-        futures = [sampler.sample(types.ModelInput.from_ints(prompt_tokens(tokenizer, p)), 1, greedy) for p, _ in evaluation]
-        return sum(score(tokenizer.decode(f.result().sequences[0].tokens, skip_special_tokens=True), a)
-                   for f, (_, a) in zip(futures, evaluation)) / len(evaluation)
+        futures = [
+            sampler.sample(types.ModelInput.from_ints(prompt_tokens(tokenizer, p)), 1, greedy) for p, _ in evaluation
+        ]
+        return sum(
+            score(tokenizer.decode(f.result().sequences[0].tokens, skip_special_tokens=True), a)
+            for f, (_, a) in zip(futures, evaluation)
+        ) / len(evaluation)
 
     sampler = training.save_weights_and_get_sampling_client().result()
     before = accuracy(sampler)
     print(f"greedy accuracy on the evaluation problems before: {before:.1%}", flush=True)
-    log = CurveLog(args.out, args.steps, f"RLVR arithmetic ({args.digits}-digit sums), {args.base_model.split('/')[-1]} LoRA r={args.rank}")
+    log = CurveLog(
+        args.out,
+        args.steps,
+        f"RLVR arithmetic ({args.digits}-digit sums), {args.base_model.split('/')[-1]} LoRA r={args.rank}",
+    )
     params = types.SamplingParams(max_tokens=args.max_tokens, temperature=1.0, stop=stop)
     adam = types.AdamParams(learning_rate=args.learning_rate)
 
@@ -100,16 +109,23 @@ def main() -> None:
             for rollout, r in zip(rollouts, group):
                 tokens = prompt + list(rollout.tokens)
                 pad = [0.0] * (len(prompt) - 1)
-                data.append(types.Datum(
-                    model_input=types.ModelInput.from_ints(tokens[:-1]),
-                    loss_fn_inputs={"target_tokens": tokens[1:], "logprobs": pad + list(rollout.logprobs),
-                                    "advantages": pad + [r - mean] * len(rollout.tokens)},
-                ))
+                data.append(
+                    types.Datum(
+                        model_input=types.ModelInput.from_ints(tokens[:-1]),
+                        loss_fn_inputs={
+                            "target_tokens": tokens[1:],
+                            "logprobs": pad + list(rollout.logprobs),
+                            "advantages": pad + [r - mean] * len(rollout.tokens),
+                        },
+                    )
+                )
         # 4. forward_backward with importance_sampling, 5. optim_step, then publish for sampling
         loss = None
         if data:
             # In pieces of 16 sequences (gradients add up until optim_step): bounds trainer memory.
-            pieces = [training.forward_backward(data[i : i + 16], "importance_sampling") for i in range(0, len(data), 16)]
+            pieces = [
+                training.forward_backward(data[i : i + 16], "importance_sampling") for i in range(0, len(data), 16)
+            ]
             training.optim_step(adam).result()
             loss = sum(piece.result().metrics["loss:sum"] for piece in pieces)
             sampler = training.save_weights_and_get_sampling_client().result()

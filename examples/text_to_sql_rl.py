@@ -24,17 +24,49 @@ import sqlite3
 import time
 
 import tinker
-from tinker import types
-
 from curves import CurveLog
+from tinker import types
 
 BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 DEPARTMENTS = ["Sales", "Marketing", "Finance", "Legal", "Support", "Research", "Design", "Operations"]
 CITIES = ["Paris", "Berlin", "Tokyo", "Lima", "Oslo", "Cairo", "Austin", "Seoul"]
-FIRST_NAMES = ["Ana", "Ben", "Chen", "Dara", "Eli", "Fay", "Gus", "Hana", "Ivan", "Jo", "Kai", "Lea", "Max", "Nia", "Omar", "Pia"]
-PROJECTS = ["Apollo", "Boreal", "Cobalt", "Delta", "Ember", "Falcon", "Granite", "Harbor",
-            "Iris", "Juniper", "Kestrel", "Lumen", "Meridian", "Nimbus", "Orchid", "Pulsar"]
+FIRST_NAMES = [
+    "Ana",
+    "Ben",
+    "Chen",
+    "Dara",
+    "Eli",
+    "Fay",
+    "Gus",
+    "Hana",
+    "Ivan",
+    "Jo",
+    "Kai",
+    "Lea",
+    "Max",
+    "Nia",
+    "Omar",
+    "Pia",
+]
+PROJECTS = [
+    "Apollo",
+    "Boreal",
+    "Cobalt",
+    "Delta",
+    "Ember",
+    "Falcon",
+    "Granite",
+    "Harbor",
+    "Iris",
+    "Juniper",
+    "Kestrel",
+    "Lumen",
+    "Meridian",
+    "Nimbus",
+    "Orchid",
+    "Pulsar",
+]
 # employees.department and projects.department name a row of departments: the join key.
 SCHEMA = [
     "CREATE TABLE departments (name TEXT PRIMARY KEY, floor INTEGER, budget INTEGER);",
@@ -50,48 +82,114 @@ TABLES = "Tables: employees(name, department, city, salary, age); departments(na
 JOIN_ED = "FROM employees e JOIN departments d ON e.department = d.name"
 JOIN_EP = "FROM employees e JOIN projects p ON e.department = p.department"
 TEMPLATES = [
-    (["How many employees work in {dept}?", "Count the employees in the {dept} department."],
-     "SELECT COUNT(*) FROM employees WHERE department = '{dept}';", ("dept",)),
-    (["How many employees live in {city}?", "Count the employees based in {city}."],
-     "SELECT COUNT(*) FROM employees WHERE city = '{city}';", ("city",)),
-    (["List the names of employees in {city}.", "Who lives in {city}?"],
-     "SELECT name FROM employees WHERE city = '{city}';", ("city",)),
-    (["List the names of employees in the {dept} department.", "Who works in {dept}?"],
-     "SELECT name FROM employees WHERE department = '{dept}';", ("dept",)),
-    (["List the names of employees older than {age}.", "Which employees are older than {age}?"],
-     "SELECT name FROM employees WHERE age > {age};", ("age",)),
-    (["List the names of employees younger than {age}.", "Which employees are younger than {age}?"],
-     "SELECT name FROM employees WHERE age < {age};", ("age",)),
-    (["What is the average salary in {dept}?", "Give the mean salary of the {dept} department."],
-     "SELECT AVG(salary) FROM employees WHERE department = '{dept}';", ("dept",)),
-    (["What is the highest salary in {city}?", "What is the top salary paid in {city}?"],
-     "SELECT MAX(salary) FROM employees WHERE city = '{city}';", ("city",)),
-    (["What is the lowest salary in {dept}?", "What is the smallest salary in the {dept} department?"],
-     "SELECT MIN(salary) FROM employees WHERE department = '{dept}';", ("dept",)),
-    (["How many employees earn more than {salary}?", "Count the employees with a salary above {salary}."],
-     "SELECT COUNT(*) FROM employees WHERE salary > {salary};", ("salary",)),
-    (["Which employees work in {dept} and live in {city}?", "List the {dept} employees based in {city}."],
-     "SELECT name FROM employees WHERE department = '{dept}' AND city = '{city}';", ("dept", "city")),
-    (["How many projects does the {dept} department run?", "Count the projects of the {dept} department."],
-     "SELECT COUNT(*) FROM projects WHERE department = '{dept}';", ("dept",)),
+    (
+        ["How many employees work in {dept}?", "Count the employees in the {dept} department."],
+        "SELECT COUNT(*) FROM employees WHERE department = '{dept}';",
+        ("dept",),
+    ),
+    (
+        ["How many employees live in {city}?", "Count the employees based in {city}."],
+        "SELECT COUNT(*) FROM employees WHERE city = '{city}';",
+        ("city",),
+    ),
+    (
+        ["List the names of employees in {city}.", "Who lives in {city}?"],
+        "SELECT name FROM employees WHERE city = '{city}';",
+        ("city",),
+    ),
+    (
+        ["List the names of employees in the {dept} department.", "Who works in {dept}?"],
+        "SELECT name FROM employees WHERE department = '{dept}';",
+        ("dept",),
+    ),
+    (
+        ["List the names of employees older than {age}.", "Which employees are older than {age}?"],
+        "SELECT name FROM employees WHERE age > {age};",
+        ("age",),
+    ),
+    (
+        ["List the names of employees younger than {age}.", "Which employees are younger than {age}?"],
+        "SELECT name FROM employees WHERE age < {age};",
+        ("age",),
+    ),
+    (
+        ["What is the average salary in {dept}?", "Give the mean salary of the {dept} department."],
+        "SELECT AVG(salary) FROM employees WHERE department = '{dept}';",
+        ("dept",),
+    ),
+    (
+        ["What is the highest salary in {city}?", "What is the top salary paid in {city}?"],
+        "SELECT MAX(salary) FROM employees WHERE city = '{city}';",
+        ("city",),
+    ),
+    (
+        ["What is the lowest salary in {dept}?", "What is the smallest salary in the {dept} department?"],
+        "SELECT MIN(salary) FROM employees WHERE department = '{dept}';",
+        ("dept",),
+    ),
+    (
+        ["How many employees earn more than {salary}?", "Count the employees with a salary above {salary}."],
+        "SELECT COUNT(*) FROM employees WHERE salary > {salary};",
+        ("salary",),
+    ),
+    (
+        ["Which employees work in {dept} and live in {city}?", "List the {dept} employees based in {city}."],
+        "SELECT name FROM employees WHERE department = '{dept}' AND city = '{city}';",
+        ("dept", "city"),
+    ),
+    (
+        ["How many projects does the {dept} department run?", "Count the projects of the {dept} department."],
+        "SELECT COUNT(*) FROM projects WHERE department = '{dept}';",
+        ("dept",),
+    ),
     # Joins, most with an aggregate over the joined rows.
-    (["How many employees work on floor {floor}?", "Count the employees whose department is on floor {floor}."],
-     f"SELECT COUNT(*) {JOIN_ED} WHERE d.floor = {{floor}};", ("floor",)),
-    (["List the names of employees who work on floor {floor}.", "Who works on floor {floor}?"],
-     f"SELECT e.name {JOIN_ED} WHERE d.floor = {{floor}};", ("floor",)),
-    (["What is the average salary on floor {floor}?", "Give the mean salary of the employees on floor {floor}."],
-     f"SELECT AVG(e.salary) {JOIN_ED} WHERE d.floor = {{floor}};", ("floor",)),
-    (["How many employees in {city} work in a department with a budget over {budget}?",
-      "Count the employees based in {city} whose department's budget is above {budget}."],
-     f"SELECT COUNT(*) {JOIN_ED} WHERE e.city = '{{city}}' AND d.budget > {{budget}};", ("city", "budget")),
-    (["How many employees work in the department that runs {project}?",
-      "Count the employees of the department behind project {project}."],
-     f"SELECT COUNT(*) {JOIN_EP} WHERE p.title = '{{project}}';", ("project",)),
-    (["What is the highest salary in the department that runs {project}?",
-      "What is the top salary in the department behind project {project}?"],
-     f"SELECT MAX(e.salary) {JOIN_EP} WHERE p.title = '{{project}}';", ("project",)),
-    (["Which projects are run by departments on floor {floor}?", "List the projects of the departments on floor {floor}."],
-     "SELECT p.title FROM projects p JOIN departments d ON p.department = d.name WHERE d.floor = {floor};", ("floor",)),
+    (
+        ["How many employees work on floor {floor}?", "Count the employees whose department is on floor {floor}."],
+        f"SELECT COUNT(*) {JOIN_ED} WHERE d.floor = {{floor}};",
+        ("floor",),
+    ),
+    (
+        ["List the names of employees who work on floor {floor}.", "Who works on floor {floor}?"],
+        f"SELECT e.name {JOIN_ED} WHERE d.floor = {{floor}};",
+        ("floor",),
+    ),
+    (
+        ["What is the average salary on floor {floor}?", "Give the mean salary of the employees on floor {floor}."],
+        f"SELECT AVG(e.salary) {JOIN_ED} WHERE d.floor = {{floor}};",
+        ("floor",),
+    ),
+    (
+        [
+            "How many employees in {city} work in a department with a budget over {budget}?",
+            "Count the employees based in {city} whose department's budget is above {budget}.",
+        ],
+        f"SELECT COUNT(*) {JOIN_ED} WHERE e.city = '{{city}}' AND d.budget > {{budget}};",
+        ("city", "budget"),
+    ),
+    (
+        [
+            "How many employees work in the department that runs {project}?",
+            "Count the employees of the department behind project {project}.",
+        ],
+        f"SELECT COUNT(*) {JOIN_EP} WHERE p.title = '{{project}}';",
+        ("project",),
+    ),
+    (
+        [
+            "What is the highest salary in the department that runs {project}?",
+            "What is the top salary in the department behind project {project}?",
+        ],
+        f"SELECT MAX(e.salary) {JOIN_EP} WHERE p.title = '{{project}}';",
+        ("project",),
+    ),
+    (
+        [
+            "Which projects are run by departments on floor {floor}?",
+            "List the projects of the departments on floor {floor}.",
+        ],
+        "SELECT p.title FROM projects p JOIN departments d ON p.department = d.name WHERE d.floor = {floor};",
+        ("floor",),
+    ),
 ]
 SLOT_VALUES = {
     "dept": DEPARTMENTS,
@@ -118,9 +216,13 @@ def build_database(seed: int, rows: int = 64) -> sqlite3.Connection:
         )
     # Employees are drawn first, so their rows are those of the one-table version for a seed.
     for dept in DEPARTMENTS:
-        conn.execute("INSERT INTO departments VALUES (?, ?, ?)", (dept, rng.randint(1, 4), rng.randrange(100, 1000, 50)))
+        conn.execute(
+            "INSERT INTO departments VALUES (?, ?, ?)", (dept, rng.randint(1, 4), rng.randrange(100, 1000, 50))
+        )
     for title in PROJECTS:
-        conn.execute("INSERT INTO projects VALUES (?, ?, ?)", (title, rng.choice(DEPARTMENTS), rng.randrange(100, 2001, 50)))
+        conn.execute(
+            "INSERT INTO projects VALUES (?, ?, ?)", (title, rng.choice(DEPARTMENTS), rng.randrange(100, 2001, 50))
+        )
     return conn
 
 
@@ -157,7 +259,9 @@ def make_questions(conn: sqlite3.Connection, seed: int, test_fraction: float) ->
             if not result or result == [(0,)] or result == [(None,)]:
                 continue
             for phrasing in phrasings:
-                items.append({"question": phrasing.format(**values), "sql": sql, "result": result, "template": template})
+                items.append(
+                    {"question": phrasing.format(**values), "sql": sql, "result": result, "template": template}
+                )
     # Split by reference query, so the two phrasings of one query land in the same split.
     queries = sorted({item["sql"] for item in items})
     random.Random(seed).shuffle(queries)
@@ -183,8 +287,10 @@ def prompt_text(item: dict, train: list[dict]) -> str:
     # and memory grow with every token of every sample. The answer starts "SQL: SELECT"
     # already written, so every sample is a query from its first token.
     shot = worked_example(item, train)
-    return (f"<|im_start|>user\n{TABLES}\nQ: {shot['question']}\nSQL: {shot['sql']}\nQ: {item['question']}<|im_end|>\n"
-            "<|im_start|>assistant\nSQL: SELECT")
+    return (
+        f"<|im_start|>user\n{TABLES}\nQ: {shot['question']}\nSQL: {shot['sql']}\nQ: {item['question']}<|im_end|>\n"
+        "<|im_start|>assistant\nSQL: SELECT"
+    )
 
 
 def completion_sql(text: str) -> str:
@@ -210,6 +316,7 @@ def is_join(item: dict) -> bool:
 
 def accuracies(items: list[dict], correct: list[bool]) -> dict:
     """Execution accuracy over all items, and over the join and the single-table ones apart."""
+
     def share(keep) -> float | None:
         picked = [c for item, c in zip(items, correct) if keep(item)]
         return sum(picked) / len(picked) if picked else None
@@ -220,8 +327,11 @@ def accuracies(items: list[dict], correct: list[bool]) -> dict:
 def evaluate(sampler, tokenizer, conn, items: list[dict], train: list[dict], args) -> dict:
     """Greedy execution accuracy (see `accuracies`); every request in flight at once so the server batches them."""
     futures = [
-        sampler.sample(prompt=types.ModelInput.from_ints(tokenizer.encode(prompt_text(item, train), add_special_tokens=False)),
-                       num_samples=1, sampling_params=sampling_params(args, 0.0))
+        sampler.sample(
+            prompt=types.ModelInput.from_ints(tokenizer.encode(prompt_text(item, train), add_special_tokens=False)),
+            num_samples=1,
+            sampling_params=sampling_params(args, 0.0),
+        )
         for item in items
     ]
     correct = []
@@ -232,8 +342,11 @@ def evaluate(sampler, tokenizer, conn, items: list[dict], train: list[dict], arg
 
 
 def shown(accuracy: dict) -> str:
-    parts = [f"{accuracy['all']:.1%}"] + [f"{name} {accuracy[key]:.1%}" for key, name in (("join", "joins"), ("single_table", "single-table"))
-                                          if accuracy[key] is not None]
+    parts = [f"{accuracy['all']:.1%}"] + [
+        f"{name} {accuracy[key]:.1%}"
+        for key, name in (("join", "joins"), ("single_table", "single-table"))
+        if accuracy[key] is not None
+    ]
     return f"{parts[0]} ({', '.join(parts[1:])})"
 
 
@@ -244,14 +357,16 @@ def group_datums(prompt: list[int], sequences, rewards: list[float]) -> list[typ
     for seq, r in zip(sequences, rewards):
         tokens = prompt + list(seq.tokens)
         n_prompt = len(prompt) - 1
-        datums.append(types.Datum(
-            model_input=types.ModelInput.from_ints(tokens[:-1]),
-            loss_fn_inputs={
-                "target_tokens": tokens[1:],
-                "logprobs": [0.0] * n_prompt + list(seq.logprobs),
-                "advantages": [0.0] * n_prompt + [r - mean] * len(seq.tokens),
-            },
-        ))
+        datums.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(tokens[:-1]),
+                loss_fn_inputs={
+                    "target_tokens": tokens[1:],
+                    "logprobs": [0.0] * n_prompt + list(seq.logprobs),
+                    "advantages": [0.0] * n_prompt + [r - mean] * len(seq.tokens),
+                },
+            )
+        )
     return datums
 
 
@@ -287,7 +402,9 @@ def main() -> None:
     before = evaluate(sampler, tokenizer, conn, test, train, args)
     print(f"held-out execution accuracy before training: {shown(before)}", flush=True)
 
-    log = CurveLog(args.out, args.steps, f"Text-to-SQL GRPO, {args.base_model.split('/')[-1]} LoRA r={args.rank}", args.label)
+    log = CurveLog(
+        args.out, args.steps, f"Text-to-SQL GRPO, {args.base_model.split('/')[-1]} LoRA r={args.rank}", args.label
+    )
     adam = types.AdamParams(learning_rate=args.learning_rate)
     rng = random.Random(args.seed)
     order: list[dict] = []
@@ -298,7 +415,11 @@ def main() -> None:
         step_started = time.monotonic()
         prompts = [tokenizer.encode(prompt_text(item, train), add_special_tokens=False) for item in batch]
         futures = [
-            sampler.sample(prompt=types.ModelInput.from_ints(p), num_samples=args.group_size, sampling_params=sampling_params(args, args.temperature))
+            sampler.sample(
+                prompt=types.ModelInput.from_ints(p),
+                num_samples=args.group_size,
+                sampling_params=sampling_params(args, args.temperature),
+            )
             for p in prompts
         ]
         datums, rewards, correct = [], [], []
@@ -316,23 +437,43 @@ def main() -> None:
         if datums:
             # Gradients add up over forward_backward calls until optim_step; sending the batch in
             # pieces bounds the trainer's activation memory (about 3 MB per token for this model).
-            pieces = [training.forward_backward(datums[i : i + args.train_chunk], "importance_sampling")
-                      for i in range(0, len(datums), args.train_chunk)]
+            pieces = [
+                training.forward_backward(datums[i : i + args.train_chunk], "importance_sampling")
+                for i in range(0, len(datums), args.train_chunk)
+            ]
             training.optim_step(adam).result()
             loss = sum(piece.result().metrics["loss:sum"] for piece in pieces)
             sampler = training.save_weights_and_get_sampling_client().result()
-        log.record(step, reward=sum(rewards) / len(rewards), accuracy=sum(correct) / len(correct),
-                   trained_groups=len(datums) // args.group_size, loss=loss, sample_s=round(sample_s, 1),
-                   train_s=round(time.monotonic() - step_started - sample_s, 1))
+        log.record(
+            step,
+            reward=sum(rewards) / len(rewards),
+            accuracy=sum(correct) / len(correct),
+            trained_groups=len(datums) // args.group_size,
+            loss=loss,
+            sample_s=round(sample_s, 1),
+            train_s=round(time.monotonic() - step_started - sample_s, 1),
+        )
 
     after = evaluate(sampler, tokenizer, conn, test, train, args)
     wall = time.monotonic() - started
     print(f"held-out execution accuracy before: {shown(before)}  after: {shown(after)}")
     log.plot(["reward", "accuracy"], smooth=3, ylabel="training reward / accuracy")
-    summary = {"before": before["all"], "after": after["all"], "before_join": before["join"], "after_join": after["join"],
-               "before_single_table": before["single_table"], "after_single_table": after["single_table"],
-               "test_joins": sum(map(is_join, test)), "wall_s": round(wall, 1), "steps": args.steps, "learning_rate": args.learning_rate,
-               "rank": args.rank, "group_size": args.group_size, "batch_size": args.batch_size, "test_questions": len(test)}
+    summary = {
+        "before": before["all"],
+        "after": after["all"],
+        "before_join": before["join"],
+        "after_join": after["join"],
+        "before_single_table": before["single_table"],
+        "after_single_table": after["single_table"],
+        "test_joins": sum(map(is_join, test)),
+        "wall_s": round(wall, 1),
+        "steps": args.steps,
+        "learning_rate": args.learning_rate,
+        "rank": args.rank,
+        "group_size": args.group_size,
+        "batch_size": args.batch_size,
+        "test_questions": len(test),
+    }
     with open(args.out + ".summary.json", "w") as handle:
         json.dump(summary, handle)
     print(f"curve: {log.png_path} ({log.jsonl_path}); wall time {wall:.0f} s")

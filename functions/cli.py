@@ -23,7 +23,9 @@ def _http_options(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="openrl", description="OpenRL: a self-hosted Tinker-compatible training service")
+    parser = argparse.ArgumentParser(
+        prog="openrl", description="OpenRL: a self-hosted Tinker-compatible training service"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="every role in one process: gateway, projector, trainer, sampler")
@@ -38,13 +40,22 @@ def main(argv: list[str] | None = None) -> int:
     gateway = commands.add_parser("gateway", help="the Tinker HTTP API alone (distributed deployment)")
     _http_options(gateway)
     _deployment_options(gateway)
-    gateway.add_argument("--model", action="append", default=None, help="a base model to accept (repeatable; default all)")
+    gateway.add_argument(
+        "--model", action="append", default=None, help="a base model to accept (repeatable; default all)"
+    )
     for role in ("trainer", "sampler"):
         worker = commands.add_parser(role, help=f"a {role} worker alone (distributed deployment)")
         _deployment_options(worker)
-        worker.add_argument("--base-model", action="append", default=None, help="base models it serves (repeatable; default all)")
+        worker.add_argument(
+            "--base-model", action="append", default=None, help="base models it serves (repeatable; default all)"
+        )
         if role == "trainer":
-            worker.add_argument("--kind", choices=("lora", "full", "all"), default="all", help="LoRA runs, full fine-tuning runs, or both")
+            worker.add_argument(
+                "--kind",
+                choices=("lora", "full", "all"),
+                default="all",
+                help="LoRA runs, full fine-tuning runs, or both",
+            )
             worker.add_argument("--model-id", default=None, help="serve this one run only (a per-run trainer)")
         else:
             worker.add_argument(
@@ -63,16 +74,29 @@ def main(argv: list[str] | None = None) -> int:
     audit.add_argument("-n", "--lines", type=int, default=0, help="with --show: only the last N entries (0: all)")
     metrics = commands.add_parser("metrics", help="Prometheus /metrics of requests, latencies, queue depths and tokens")
     _deployment_options(metrics)
-    metrics.add_argument("--host", dest="metrics_host", default=None, help="listen address of /metrics (default 127.0.0.1; setting metrics_host)")
+    metrics.add_argument(
+        "--host",
+        dest="metrics_host",
+        default=None,
+        help="listen address of /metrics (default 127.0.0.1; setting metrics_host)",
+    )
     metrics.add_argument("--port", dest="metrics_port", type=int, default=None, help="listen port (default 9464)")
 
     prepare = commands.add_parser("models", help="list the model catalogue and build its local files")
     prepare.add_argument("--prepare", action="store_true", help="materialise every model now (else on first use)")
 
-    replay = commands.add_parser("replay", help="rebuild every projection from the events and diff it against the live one")
+    replay = commands.add_parser(
+        "replay", help="rebuild every projection from the events and diff it against the live one"
+    )
     _deployment_options(replay)
-    replay.add_argument("--into", default=None, help="database to rebuild into (default: a fresh temporary SQLite file)")
-    replay.add_argument("--from-log", action="store_true", help="read the events from the log (Kafka) instead of the store; the diff is against the live store, so run it on a quiet deployment (an event landing meanwhile, e.g. a session heartbeat, shows as a difference)")
+    replay.add_argument(
+        "--into", default=None, help="database to rebuild into (default: a fresh temporary SQLite file)"
+    )
+    replay.add_argument(
+        "--from-log",
+        action="store_true",
+        help="read the events from the log (Kafka) instead of the store; the diff is against the live store, so run it on a quiet deployment (an event landing meanwhile, e.g. a session heartbeat, shows as a difference)",
+    )
     replay.add_argument(
         "--from-offset", type=int, default=0,
         help="with --from-log: start at this offset in every partition (into a restored backup given by --into)",
@@ -117,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings(**overrides)
     logging.getLogger().setLevel(settings.log_level)
     if args.command == "metrics":
-        flagged = {name: getattr(args, name) for name in ("metrics_host", "metrics_port") if getattr(args, name) is not None}
+        flagged = {
+            name: getattr(args, name) for name in ("metrics_host", "metrics_port") if getattr(args, name) is not None
+        }
         settings = Settings(**overrides, **flagged)
     if args.command == "audit" and args.show:
         return _show_audit(settings, args)
@@ -125,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         from functions.serve import Node
 
         node = Node(settings, (args.command,))
-        where = f" on http://{settings.metrics_host}:{settings.metrics_port}/metrics" if args.command == "metrics" else ""
+        where = (
+            f" on http://{settings.metrics_host}:{settings.metrics_port}/metrics" if args.command == "metrics" else ""
+        )
         print(f"openrl: {args.command} of every tenant's events{where}", flush=True)
         node.serve_forever()
         return 0

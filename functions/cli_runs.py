@@ -37,9 +37,15 @@ class ApiError(Exception):
 
 def add_commands(commands) -> None:
     def client_options(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--url", default=None, help="the server (default $TINKER_BASE_URL, else http://127.0.0.1:8000)")
-        parser.add_argument("--api-key", default=None, help="a tenant's or the operator's key (default $TINKER_API_KEY)")
-        parser.add_argument("--json", action="store_true", help="print the server's JSON (schema-versioned) instead of a table")
+        parser.add_argument(
+            "--url", default=None, help="the server (default $TINKER_BASE_URL, else http://127.0.0.1:8000)"
+        )
+        parser.add_argument(
+            "--api-key", default=None, help="a tenant's or the operator's key (default $TINKER_API_KEY)"
+        )
+        parser.add_argument(
+            "--json", action="store_true", help="print the server's JSON (schema-versioned) instead of a table"
+        )
 
     runs = commands.add_parser("runs", help="training runs on a server: list, show (--metrics), cancel, fork")
     verbs = runs.add_subparsers(dest="verb", required=True)
@@ -52,7 +58,9 @@ def add_commands(commands) -> None:
     cancel = verbs.add_parser("cancel", help="cancel a run: its pending requests fail, its trainer state is dropped")
     cancel.add_argument("run_id")
     cancel.add_argument("--reason", default=None, help="recorded in the cancellation event and the failed futures")
-    fork = verbs.add_parser("fork", help="a new run whose weights and optimizer are RUN's right after its N-th optim_step")
+    fork = verbs.add_parser(
+        "fork", help="a new run whose weights and optimizer are RUN's right after its N-th optim_step"
+    )
     fork.add_argument("run_id")
     fork.add_argument("--at-step", type=int, required=True, help="N: 0 (as created) up to the run's completed steps")
     fork.add_argument("--wait", type=float, default=600.0, help="seconds to wait for the rebuild (default 600)")
@@ -65,7 +73,9 @@ def add_commands(commands) -> None:
     listing.add_argument("--run", dest="run_id", default=None, help="only this run's")
     download = verbs.add_parser("download", help="write a checkpoint's files as one tar archive")
     download.add_argument("path", help="tinker://<run>/<kind>/<name>")
-    download.add_argument("-o", "--output", type=Path, default=None, help="archive file (default ./<run>-<kind>-<name>.tar)")
+    download.add_argument(
+        "-o", "--output", type=Path, default=None, help="archive file (default ./<run>-<kind>-<name>.tar)"
+    )
     delete = verbs.add_parser("delete", help="delete a checkpoint (and its files nothing else uses)")
     delete.add_argument("path", help="tinker://<run>/<kind>/<name>")
     for parser in (listing, download, delete):
@@ -177,10 +187,15 @@ def _runs_show(client, args, out) -> int:
     lines = [f"{key:<24}{_cell(run_[key])}" for key in run_]
     lines.append(f"{'pending_requests':<24}{answer['pending_requests']}")
     if step is not None:
-        lines.append(f"{'last_step':<24}step {step['step']}, loss {_cell(step['loss'])}, grad norm {_cell(step['optim/grad_norm'])}")
+        lines.append(
+            f"{'last_step':<24}step {step['step']}, loss {_cell(step['loss'])}, grad norm {_cell(step['optim/grad_norm'])}"
+        )
     lines += ["", table(answer["checkpoints"], CHECKPOINT_COLUMNS)]
     if answer["sampling_sessions"]:
-        lines += ["", table(answer["sampling_sessions"], [("SAMPLING SESSION", "sampling_session_id"), ("CLOSED", "closed_at")])]
+        lines += [
+            "",
+            table(answer["sampling_sessions"], [("SAMPLING SESSION", "sampling_session_id"), ("CLOSED", "closed_at")]),
+        ]
     return _emit(args, out, answer, "\n".join(lines))
 
 
@@ -213,7 +228,9 @@ def _runs_fork(client, args, out) -> int:
     if answer["status"] == "creating":
         detail = f"fork {answer['run_id']} is still being rebuilt after {args.wait:.0f} s; see openrl runs show {answer['run_id']}"
     else:
-        detail = f"fork {answer['run_id']} of {origin['run']} at step {origin['step']} {answer['status']}: {answer['error']}"
+        detail = (
+            f"fork {answer['run_id']} of {origin['run']} at step {origin['step']} {answer['status']}: {answer['error']}"
+        )
     if args.json:
         print(json.dumps(answer), file=out)
     else:
@@ -234,7 +251,9 @@ def _checkpoints_download(client, args, out) -> int:
             _check(response)
         if target is None:
             disposition = response.headers.get("content-disposition", "")
-            target = Path(disposition.split('filename="', 1)[-1].rstrip('"') if 'filename="' in disposition else "checkpoint.tar")
+            target = Path(
+                disposition.split('filename="', 1)[-1].rstrip('"') if 'filename="' in disposition else "checkpoint.tar"
+            )
         partial = target.with_name(target.name + ".part")
         size = 0
         with open(partial, "wb") as handle:

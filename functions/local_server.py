@@ -50,7 +50,9 @@ class LocalProcess:
     def start(self) -> None:
         self._log = open(self.log_path, "a")
         self._log_start = self.log_path.stat().st_size
-        self.process = subprocess.Popen(self._command, cwd=REPO, env=self._env, stdout=self._log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            self._command, cwd=REPO, env=self._env, stdout=self._log, stderr=subprocess.STDOUT
+        )
 
     def wait_ready(self, timeout: float = 300) -> "LocalProcess":
         self._wait(lambda: "openrl: " in self._new_output(), timeout)

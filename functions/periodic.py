@@ -16,7 +16,9 @@ class Periodic:
     when it did nothing. A failed pass is logged and the next one retries: one bad pass must
     not end the loop."""
 
-    def __init__(self, name: str, once: Callable[[], Optional[str]], interval_seconds: float, first_at_start: bool = True) -> None:
+    def __init__(
+        self, name: str, once: Callable[[], Optional[str]], interval_seconds: float, first_at_start: bool = True
+    ) -> None:
         self.name = name
         self.once = once
         self.interval_seconds = interval_seconds

@@ -23,7 +23,6 @@ from functions.compute.models import ModelDirectory
 from openrl_core.catalog import Catalog
 from openrl_core.settings import Settings
 
-
 # How long a gateway on PostgreSQL keeps a run's row at most (eventing/store/known_runs.py):
 # announcements keep it right; this bounds how wrong a change nobody announced leaves it.
 KEPT_RUN_SECONDS = 5.0
@@ -41,7 +40,11 @@ class Runtime:
         self.projections = Projections(self.engine)
         # Long-poll wake-ups: in process for SQLite; through LISTEN/NOTIFY for PostgreSQL,
         # where the projector and the gateways may be separate processes.
-        self.notifier = PgNotifier(self.engine.url.render_as_string(hide_password=False)) if self.engine.dialect.name == "postgresql" else LocalNotifier()
+        self.notifier = (
+            PgNotifier(self.engine.url.render_as_string(hide_password=False))
+            if self.engine.dialect.name == "postgresql"
+            else LocalNotifier()
+        )
         if self.engine.dialect.name == "postgresql":
             self.store.announce_runs()  # for the gateways' kept runs, whichever process changes them
         self._gateways: list = []  # the gateway contexts made here: their queued appends finish before the log closes

@@ -101,7 +101,9 @@ class Node:
                 )  # fmt: skip
                 self._loops.append(("collector", CollectorLoop(collector, settings.blob_collector_seconds)))
         if "projector" in self.roles:
-            self._loops.append(("projector", Projector(rt.bus, rt.store, rt.notifier, instance_id=self._instance_id("projector"))))
+            self._loops.append(
+                ("projector", Projector(rt.bus, rt.store, rt.notifier, instance_id=self._instance_id("projector")))
+            )
             if "gateway" in self.roles and settings.bus == "embedded":
                 # One process writes every future here (the embedded log has no other), so a
                 # future its store committed unfinished and has not seen finish is running:
@@ -153,7 +155,9 @@ class Node:
         if "audit" in self.roles:
             from functions.audit import AuditConsumer
 
-            self._loops.append(("audit", AuditConsumer.from_settings(rt.bus, rt.codec, settings, self._instance_id("audit"))))
+            self._loops.append(
+                ("audit", AuditConsumer.from_settings(rt.bus, rt.codec, settings, self._instance_id("audit")))
+            )
         if "metrics" in self.roles:
             from functions.metrics import MetricsService
 
@@ -203,4 +207,3 @@ class Node:
                 self._stop.wait()
         finally:
             self.stop()
-

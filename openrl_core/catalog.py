@@ -107,7 +107,9 @@ class Catalog:
             if alias in specs:
                 raise InvalidRequest(f"model alias {alias!r} would shadow the catalogue model of that name")
             if target not in specs:
-                raise InvalidRequest(f"model alias {alias!r} points to {target!r}, which is not a catalogue model; known: {sorted(specs)}")
+                raise InvalidRequest(
+                    f"model alias {alias!r} points to {target!r}, which is not a catalogue model; known: {sorted(specs)}"
+                )
         if names:
             unknown = [n for n in names if n not in specs and n not in aliases]
             if unknown:

@@ -77,7 +77,9 @@ def _check_inputs(datum: Datum, spec: LossSpec, where: str, vocab_size: int) -> 
     unknown = sorted(set(inputs) - set(spec.required) - set(spec.optional))
     if unknown:
         allowed = sorted(set(spec.required) | set(spec.optional))
-        raise InvalidRequest(f"{where}.loss_fn_inputs has unknown keys {unknown} for loss_fn {spec.name!r}; allowed: {allowed}")
+        raise InvalidRequest(
+            f"{where}.loss_fn_inputs has unknown keys {unknown} for loss_fn {spec.name!r}; allowed: {allowed}"
+        )
     n = datum.tokens_N.size
     targets = inputs["target_tokens"]
     if targets.ndim not in (1, 2) or targets.shape[0] != n:

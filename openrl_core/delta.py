@@ -44,7 +44,9 @@ _CHUNK = 1 << 20  # elements per numpy pass: bounds temporaries and keeps int64 
 def changed(old_bits: np.ndarray, new_bits: np.ndarray) -> np.ndarray:
     """Sorted flat int64 indices where two same-shaped bit-pattern arrays differ."""
     if old_bits.shape != new_bits.shape or old_bits.dtype != new_bits.dtype:
-        raise ValueError(f"cannot diff {old_bits.dtype}{list(old_bits.shape)} against {new_bits.dtype}{list(new_bits.shape)}")
+        raise ValueError(
+            f"cannot diff {old_bits.dtype}{list(old_bits.shape)} against {new_bits.dtype}{list(new_bits.shape)}"
+        )
     return np.flatnonzero(old_bits.reshape(-1) != new_bits.reshape(-1)).astype(np.int64, copy=False)
 
 
@@ -199,7 +201,9 @@ class TensorDelta:
         return cls(name, int(where.size), width, planes, values), where
 
     def decode(self, bits_dtype) -> tuple[np.ndarray, np.ndarray]:
-        return decode_indices(self.index_width, self.indices, self.count), join_planes(self.values, bits_dtype, self.count)
+        return decode_indices(self.index_width, self.indices, self.count), join_planes(
+            self.values, bits_dtype, self.count
+        )
 
     @property
     def nbytes(self) -> int:
@@ -210,7 +214,12 @@ Kind = Literal["full", "delta"]
 
 
 def choose_kind(
-    has_base: bool, deltas_since_full: int, full_every: int, delta_bytes: Optional[int], full_bytes: int, max_share: float
+    has_base: bool,
+    deltas_since_full: int,
+    full_every: int,
+    delta_bytes: Optional[int],
+    full_bytes: int,
+    max_share: float,
 ) -> tuple[Kind, str]:
     """Full or delta for the next publication, and why (for logs and metrics).
 

@@ -68,9 +68,7 @@ def plan(history: Sequence[Logged], snapshots: Sequence[int], step: int) -> Plan
         raise InvalidRequest(f"step must be an integer, got {step!r}")
     steps = completed_steps(history)
     if step < 0 or step > len(steps):
-        raise InvalidRequest(
-            f"step must be between 0 and {len(steps)} (the run's completed optim_steps), got {step}"
-        )
+        raise InvalidRequest(f"step must be between 0 and {len(steps)} (the run's completed optim_steps), got {step}")
     through = steps[step - 1] if step else 0
     unsettled = sorted(entry.seq_id for entry in history if entry.seq_id <= through and entry.outcome == UNFINISHED)
     if unsettled:

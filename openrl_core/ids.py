@@ -36,7 +36,13 @@ def _time_ordered() -> str:
     batch's inserts each dirtied a page of its own, and the more the tables held, the more
     pages each transaction wrote (README, "Memory and storage")."""
     rand = int.from_bytes(os.urandom(10), "big")
-    value = (time.time_ns() // 1_000_000) << 80 | 0x7 << 76 | (rand >> 62 & 0xFFF) << 64 | 0b10 << 62 | (rand & (1 << 62) - 1)
+    value = (
+        (time.time_ns() // 1_000_000) << 80
+        | 0x7 << 76
+        | (rand >> 62 & 0xFFF) << 64
+        | 0b10 << 62
+        | (rand & (1 << 62) - 1)
+    )
     return f"{value:032x}"
 
 
@@ -105,7 +111,9 @@ class TinkerPath:
         if not _RUN.fullmatch(run_id):
             raise InvalidRequest(f"checkpoint path {path!r} has a malformed training run id {run_id!r}")
         if kind not in CHECKPOINT_KINDS:
-            raise InvalidRequest(f"checkpoint path {path!r} has kind {kind!r}; expected one of {list(CHECKPOINT_KINDS)}")
+            raise InvalidRequest(
+                f"checkpoint path {path!r} has kind {kind!r}; expected one of {list(CHECKPOINT_KINDS)}"
+            )
         return cls(run_id, kind, check_checkpoint_name(name))  # type: ignore[arg-type]
 
     @classmethod

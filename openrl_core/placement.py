@@ -198,7 +198,9 @@ def _compact(spread: Placement, jobs: list[Job], loads: dict[str, _Load], pinned
             fits = [load for load in trial.values() if load.takes(job)]
             if not fits:
                 break
-            min(fits, key=lambda load: (load.free - job.memory_bytes, load.device.node, load.device.index)).jobs.append(job)
+            min(fits, key=lambda load: (load.free - job.memory_bytes, load.device.node, load.device.index)).jobs.append(
+                job
+            )
         else:
             for k, load in trial.items():
                 target[k] = load

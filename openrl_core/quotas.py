@@ -24,7 +24,6 @@ finishes, which nothing here can predict.
 from __future__ import annotations
 
 import functools
-
 import math
 from dataclasses import dataclass
 from typing import Literal, Optional, Sequence
@@ -37,7 +36,12 @@ from openrl_core.events.training import ForwardBackwardRequested
 from openrl_core.quantity import parse_bytes
 
 LimitName = Literal["requests_in_flight", "queued_training_tokens", "sampling_tokens_per_minute", "checkpoint_bytes"]
-LIMITS: tuple[LimitName, ...] = ("requests_in_flight", "queued_training_tokens", "sampling_tokens_per_minute", "checkpoint_bytes")
+LIMITS: tuple[LimitName, ...] = (
+    "requests_in_flight",
+    "queued_training_tokens",
+    "sampling_tokens_per_minute",
+    "checkpoint_bytes",
+)
 WINDOW_SECONDS = 60.0
 # Capacity held by in-flight work frees as it finishes: ask the client back soon (the SDK
 # honours a Retry-After up to 60 s, then falls back to its own backoff).
@@ -152,7 +156,9 @@ class QuotaExceeded(OpenRLError):
         self.retry_after = retry_after
 
 
-def window_wait(entries: Sequence[tuple[float, int]], limit: int, cost: int, now: float, window: float = WINDOW_SECONDS) -> float:
+def window_wait(
+    entries: Sequence[tuple[float, int]], limit: int, cost: int, now: float, window: float = WINDOW_SECONDS
+) -> float:
     """Seconds from `now` until `cost` more tokens fit under `limit` in the sliding window
     (0: they fit now). An entry submitted at `at` leaves the window at `at + window`.
     The caller makes sure `cost <= limit`, so the wait is finite."""

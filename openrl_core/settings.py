@@ -51,13 +51,18 @@ class Settings(BaseSettings):
     model_aliases: dict[str, str] = Field(
         default_factory=dict,
         description="extra base_model names served with another served model's weights and tokenizer: alias -> name "
-        "(JSON), e.g. {\"Qwen/Qwen3-8B\": \"openrl/tiny-qwen3\"} so recipes that pick renderers by name run unchanged",
+        '(JSON), e.g. {"Qwen/Qwen3-8B": "openrl/tiny-qwen3"} so recipes that pick renderers by name run unchanged',
     )
     model_cache: Optional[Path] = Field(None, description="where materialised models are cached")
     device: str = Field("cpu", description="torch device of the workers")
-    long_poll_seconds: float = Field(25.0, gt=0, le=40, description="how long retrieve_future holds an unfinished future")
+    long_poll_seconds: float = Field(
+        25.0, gt=0, le=40, description="how long retrieve_future holds an unfinished future"
+    )
     event_stream_seconds: float = Field(
-        25.0, gt=0, le=300, description="how long a run's event stream (GET /api/openrl/v1/runs/{id}/events) stays open before "
+        25.0,
+        gt=0,
+        le=300,
+        description="how long a run's event stream (GET /api/openrl/v1/runs/{id}/events) stays open before "
         "it ends and the client reconnects where it left off",
     )
     inline_payload_limit: int = Field(
@@ -66,7 +71,9 @@ class Settings(BaseSettings):
     bus: Literal["embedded", "kafka"] = Field(
         "embedded", description="the event log: the embedded SQLite log (one process) or Kafka (distributed)"
     )
-    kafka_bootstrap: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers, comma-separated, when bus=kafka")
+    kafka_bootstrap: str = Field(
+        "127.0.0.1:9092", description="Kafka bootstrap servers, comma-separated, when bus=kafka"
+    )
     kafka_fetch_max_wait_ms: int = Field(
         500,
         ge=1,
@@ -87,7 +94,9 @@ class Settings(BaseSettings):
         "kafka_fetch_max_wait_ms (noida-db), on which idle consumers otherwise spin a core. Adds up to this much latency; "
         "0: no pause",
     )
-    log_partitions: int = Field(4, ge=1, le=64, description="partitions per topic (embedded log, and Kafka topics OpenRL creates)")
+    log_partitions: int = Field(
+        4, ge=1, le=64, description="partitions per topic (embedded log, and Kafka topics OpenRL creates)"
+    )
     log_fsync: bool = Field(True, description="embedded log: fsync every append (SQLite synchronous=FULL)")
     instance_id: Optional[str] = Field(
         None,
@@ -108,18 +117,24 @@ class Settings(BaseSettings):
         True, description="trainer and sampler: return memory a pass freed to the system (glibc malloc_trim) after it"
     )
     release_host_memory_idle_ms: float = Field(
-        1000.0, ge=0, description="return it once no worker of the process has worked for this long (a trim makes "
+        1000.0,
+        ge=0,
+        description="return it once no worker of the process has worked for this long (a trim makes "
         "the next pass fault its pages in again; see openrl_core.idleness)",
     )
     max_request_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="largest request body the gateway reads")
     blob_collector_seconds: float = Field(
-        300.0, ge=0, description="how often blobs no record needs any more are deleted (0: never); see functions/collector"
+        300.0,
+        ge=0,
+        description="how often blobs no record needs any more are deleted (0: never); see functions/collector",
     )
     blob_grace_seconds: float = Field(
         600.0, ge=0, description="the blob collector never deletes a blob written less than this many seconds ago"
     )
     sampler_versions_kept: int = Field(
-        4, ge=1, description="newest ephemeral sampler versions (save_weights_and_get_sampling_client) of a training run "
+        4,
+        ge=1,
+        description="newest ephemeral sampler versions (save_weights_and_get_sampling_client) of a training run "
         "whose weights stay while its session is open; older ones are collected and answer 410",
     )
     # -- per-tenant quotas (see openrl_core/quotas.py); over one a submission gets a 429 ----
@@ -140,13 +155,15 @@ class Settings(BaseSettings):
     )  # fmt: skip
     tenant_quotas: dict[str, dict[str, Optional[int | str]]] = Field(
         default_factory=dict,
-        description="per-tenant overrides of the quota_* defaults (JSON), e.g. {\"alice\": {\"requests_in_flight\": "
-        "8, \"checkpoint_bytes\": \"1GiB\"}}; null lifts a limit for that tenant",
+        description='per-tenant overrides of the quota_* defaults (JSON), e.g. {"alice": {"requests_in_flight": '
+        '8, "checkpoint_bytes": "1GiB"}}; null lifts a limit for that tenant',
     )
     checkpoint_reaper_seconds: float = Field(
         60.0, gt=0, description="how often expired checkpoints and the blobs only they used are removed"
     )
-    download_link_seconds: int = Field(3600, ge=60, le=7 * 24 * 3600, description="how long an external-weights download link stays valid")
+    download_link_seconds: int = Field(
+        3600, ge=60, le=7 * 24 * 3600, description="how long an external-weights download link stays valid"
+    )
     download_secret: Optional[SecretStr] = Field(
         None, description="HMAC key that signs download links; default a random key kept in data_dir/download-secret"
     )
@@ -170,7 +187,9 @@ class Settings(BaseSettings):
         description="address `openrl metrics` serves Prometheus /metrics on, apart from the gateway's `host`: /metrics "
         "needs no key and names every tenant, so keep it on a private address (or loopback, the default)",
     )
-    metrics_port: int = Field(9464, ge=0, le=65535, description="port the metrics function serves Prometheus /metrics on")
+    metrics_port: int = Field(
+        9464, ge=0, le=65535, description="port the metrics function serves Prometheus /metrics on"
+    )
     metrics_checkpoint_seconds: float = Field(
         5.0, gt=0, description="metrics: how often its state is saved and its log offsets committed"
     )
@@ -198,7 +217,9 @@ class Settings(BaseSettings):
     timeslicer_policy: Literal["fifo", "lrs"] = Field(
         "lrs", description="turn order: first come first served, or least recently served (both with aging)"
     )
-    lease_seconds: float = Field(10.0, gt=0, le=600, description="a turn's lease lifetime; holders renew it every third")
+    lease_seconds: float = Field(
+        10.0, gt=0, le=600, description="a turn's lease lifetime; holders renew it every third"
+    )
     timeslicer_aging_seconds: float = Field(30.0, gt=0, description="a waiter older than this is served first")
     timeslicer_affinity_seconds: float = Field(
         0.1,
@@ -206,12 +227,16 @@ class Settings(BaseSettings):
         description="after a run's turn, how long the device waits for that run's next request (its step is several "
         "requests) before serving another run; 0 turns affinity off",
     )
-    timeslicer_quantum_seconds: float = Field(10.0, gt=0, description="longest a run is served in a row through affinity")
-    timeslicer_http_port: int = Field(9465, ge=0, le=65535, description="port of the daemon's /metrics, /status, /healthz")
+    timeslicer_quantum_seconds: float = Field(
+        10.0, gt=0, description="longest a run is served in a row through affinity"
+    )
+    timeslicer_http_port: int = Field(
+        9465, ge=0, le=65535, description="port of the daemon's /metrics, /status, /healthz"
+    )
     full_finetune_models: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="served base_model names (comma-separated) whose training runs are full fine-tuning, for recipes "
-        "that cannot pass user_metadata {\"openrl.full_finetune\": \"true\"}",
+        'that cannot pass user_metadata {"openrl.full_finetune": "true"}',
     )
     serving_dtype: Literal["bfloat16", "float16", "float32"] = Field(
         "bfloat16", description="dtype a full run's weights are published to samplers in (deltas compare its bits)"
@@ -223,28 +248,39 @@ class Settings(BaseSettings):
         0.5, gt=0, le=1, description="publish a full checkpoint instead of a delta larger than this share of it"
     )
     gateway_threads: int = Field(
-        40, ge=1, description="worker threads for the gateway's blocking work (store reads, appends): requests that "
+        40,
+        ge=1,
+        description="worker threads for the gateway's blocking work (store reads, appends): requests that "
         "wait on the store and the log side by side are group-committed together",
     )
     gateway_inline_body_bytes: int = Field(
-        64 * 1024, ge=0, description="on a SQLite store, a training or create_model request up to this many body "
+        64 * 1024,
+        ge=0,
+        description="on a SQLite store, a training or create_model request up to this many body "
         "bytes, of a tenant without quotas, is checked and queued on the gateway's event loop instead of in one of "
         "its threads (0: always in a thread)",
     )
     trainer_packing: bool = Field(
-        True, description="run ready forward_backward requests of several LoRA models on one base model as shared "
+        True,
+        description="run ready forward_backward requests of several LoRA models on one base model as shared "
         "passes (false: each model's requests in passes of their own)",
     )
     trainer_pack_linger_ms: float = Field(
-        5.0, ge=0, description="while several LoRA models train, how long the trainer waits for more requests to "
+        5.0,
+        ge=0,
+        description="while several LoRA models train, how long the trainer waits for more requests to "
         "share a pass (0: no packing wait)",
     )
     trainer_cohort_wait_ms: float = Field(
-        100.0, ge=0, description="while several LoRA models train, how long a pass waits for requests of the models "
+        100.0,
+        ge=0,
+        description="while several LoRA models train, how long a pass waits for requests of the models "
         "active lately that have none in it yet (it stops once each has one; see openrl_core.cohort)",
     )
     sampler_cohort_wait_ms: float = Field(
-        100.0, ge=0, description="while several runs sample, how long a sampler batch waits for the runs active lately "
+        100.0,
+        ge=0,
+        description="while several runs sample, how long a sampler batch waits for the runs active lately "
         "that have no request in it yet (it stops once each has one; see openrl_core.cohort)",
     )
     trainer_pack_max_tokens: int = Field(
@@ -252,11 +288,15 @@ class Settings(BaseSettings):
     )
     trainer_pack_max_rows: int = Field(256, ge=1, description="sequences one trainer pass may hold")
     trainer_release_runs_after_s: float = Field(
-        900.0, ge=0, description="seconds without a request after which the trainer releases a run's state from "
+        900.0,
+        ge=0,
+        description="seconds without a request after which the trainer releases a run's state from "
         "memory (snapshotted first; its next request restores it, bitwise); 0: never. Needs snapshot_every_steps > 0",
     )
     trainer_pack_max_shared_mib: int = Field(
-        1024, ge=1, description="estimated activation memory (logits + saved decoder activations) of a pass "
+        1024,
+        ge=1,
+        description="estimated activation memory (logits + saved decoder activations) of a pass "
         "several models share; bigger requests run in passes of their own, where sharing stops paying",
     )
     sampler_max_full_models: int = Field(
@@ -271,10 +311,15 @@ class Settings(BaseSettings):
         None, description="virtualenv holding vLLM (default: .venv-vllm beside the code, built by `make vllm`)"
     )
     vllm_max_loras: int = Field(
-        4, ge=1, description="LoRA slots of a vLLM engine: adapters one step runs together (more in a batch wait their turn)"
+        4,
+        ge=1,
+        description="LoRA slots of a vLLM engine: adapters one step runs together (more in a batch wait their turn)",
     )
     vllm_max_lora_rank: int = Field(
-        32, ge=1, le=512, description="LoRA rank a vLLM engine sizes its slots for at start; a higher-rank adapter restarts it"
+        32,
+        ge=1,
+        le=512,
+        description="LoRA rank a vLLM engine sizes its slots for at start; a higher-rank adapter restarts it",
     )
     vllm_kv_cache_gib: int = Field(1, ge=1, description="vLLM KV cache size on CPU, whole GiB")
     vllm_dtype: Literal["float32", "bfloat16", "float16"] = Field(
@@ -310,9 +355,11 @@ class Settings(BaseSettings):
     scheduler_job_memory: dict[str, str] = Field(
         default_factory=dict,
         description="accelerator memory a trainer or sampler of a base model keeps resident, e.g. "
-        "{\"openrl/tiny-qwen3\": \"1GiB\"} (JSON); others get scheduler_default_job_memory",
+        '{"openrl/tiny-qwen3": "1GiB"} (JSON); others get scheduler_default_job_memory',
     )
-    scheduler_default_job_memory: str = Field("8GiB", description="accelerator memory of a worker not in scheduler_job_memory")
+    scheduler_default_job_memory: str = Field(
+        "8GiB", description="accelerator memory of a worker not in scheduler_job_memory"
+    )
     scheduler_full_finetune_factor: float = Field(
         4.0, ge=1, description="a full fine-tuning trainer needs this many times its base model's worker memory "
         "(weights, gradients, two Adam moments)",
@@ -400,7 +447,9 @@ class Settings(BaseSettings):
             return None
         key = self.operator_api_key.get_secret_value()
         if not key.startswith("tml-"):
-            raise InvalidRequest("operator_api_key must start with 'tml-' (the tinker SDK and the CLI send only such keys)")
+            raise InvalidRequest(
+                "operator_api_key must start with 'tml-' (the tinker SDK and the CLI send only such keys)"
+            )
         if key in self.tenant_keys():
             raise InvalidRequest("operator_api_key must differ from every tenant's key in api_keys")
         return key

@@ -419,7 +419,9 @@ class Timeslicer:
             return []
         if device.affinity is not None and device.next_up is None:
             group, until, released = device.affinity
-            in_quantum = device.streak is None or device.streak[0] != group or now - device.streak[1] < self.quantum_seconds
+            in_quantum = (
+                device.streak is None or device.streak[0] != group or now - device.streak[1] < self.quantum_seconds
+            )
             aged = any(now - w.since >= self.aging_seconds for w in order)
             same = [w for w in order if self.jobs[w.job].group == group or group in w.serves]
             if in_quantum and not aged and same:
@@ -469,7 +471,18 @@ class Timeslicer:
         restore = not job.resident
         for name in waiter.jobs:
             self.jobs[name].resident = True
-        return [Grant(job.owner, waiter.request, job.job, device.name, lease.lease_id, self.lease_seconds, restore, now - waiter.since)]
+        return [
+            Grant(
+                job.owner,
+                waiter.request,
+                job.job,
+                device.name,
+                lease.lease_id,
+                self.lease_seconds,
+                restore,
+                now - waiter.since,
+            )
+        ]
 
     def _make_room(self, device: Device, waiter: Waiter, now: float) -> list[Effect]:
         """Ask least recently served residents to park until the waiter's jobs fit (counting
@@ -482,7 +495,11 @@ class Timeslicer:
             (
                 j
                 for j in self._on(device.name)
-                if j.resident and j.parkable and j.job not in waiter.jobs and j.parking_since is None and not j.unresponsive
+                if j.resident
+                and j.parkable
+                and j.job not in waiter.jobs
+                and j.parking_since is None
+                and not j.unresponsive
             ),
             key=lambda j: (j.served_key, j.job),
         )

@@ -101,9 +101,7 @@ def wanted_workers(
 def waiting_since(activities: Iterable[Activity], spec: WorkerSpec) -> Optional[datetime]:
     """The oldest unfinished request among the runs a worker serves: how long its clients have waited."""
     oldest = [
-        a.oldest_pending
-        for a in activities
-        if a.oldest_pending is not None and a.pending > 0 and serves(spec, a)
+        a.oldest_pending for a in activities if a.oldest_pending is not None and a.pending > 0 and serves(spec, a)
     ]
     return min(oldest, default=None)
 

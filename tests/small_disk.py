@@ -18,7 +18,9 @@ import pytest
 @contextlib.contextmanager
 def small_disk(path: Path, size: str):
     path.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)], capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a size-limited tmpfs here: {mounted.stderr.strip() or mounted.returncode}")
     try:

@@ -65,7 +65,9 @@ def test_every_command_a_manifest_starts_exists(overlays, capsys):
     for obj in objects:
         for container in obj.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
             if container["image"] == "i:1":
-                commands.add(tuple(container["args"][:2]) if container["args"][0] == "function" else (container["args"][0],))
+                commands.add(
+                    tuple(container["args"][:2]) if container["args"][0] == "function" else (container["args"][0],)
+                )
     assert commands
     for command in sorted(commands - {(c,) for c in UPCOMING_COMMANDS}):
         with pytest.raises(SystemExit) as done:

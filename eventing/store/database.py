@@ -41,7 +41,11 @@ def make_engine(url: str) -> Engine:
         # threads, the projector, the workers): past pool_size a checked-in connection is
         # closed, and opening one (with its pragmas) costs more than most queries.
         engine = create_engine(
-            url, connect_args={"check_same_thread": False, "timeout": 30}, pool_size=32, max_overflow=32, json_serializer=json_text
+            url,
+            connect_args={"check_same_thread": False, "timeout": 30},
+            pool_size=32,
+            max_overflow=32,
+            json_serializer=json_text,
         )
 
         @event.listens_for(engine, "connect")

@@ -50,13 +50,17 @@ def read_activity(engine: Engine) -> list[Activity]:
             return []
         keys = list(sessions)
         by_session = or_(*[and_(t.futures.c.tenant == tenant, t.futures.c.session_id == sid) for tenant, sid in keys])
-        stats = select(
-            t.futures.c.tenant,
-            t.futures.c.model_id,
-            func.max(t.futures.c.created_at).label("newest"),
-            func.count().filter(t.futures.c.state.in_(OPEN)).label("pending"),
-            func.min(t.futures.c.created_at).filter(t.futures.c.state.in_(OPEN)).label("oldest_pending"),
-        ).where(by_session).group_by(t.futures.c.tenant, t.futures.c.model_id)
+        stats = (
+            select(
+                t.futures.c.tenant,
+                t.futures.c.model_id,
+                func.max(t.futures.c.created_at).label("newest"),
+                func.count().filter(t.futures.c.state.in_(OPEN)).label("pending"),
+                func.min(t.futures.c.created_at).filter(t.futures.c.state.in_(OPEN)).label("oldest_pending"),
+            )
+            .where(by_session)
+            .group_by(t.futures.c.tenant, t.futures.c.model_id)
+        )
         futures = {(row.tenant, row.model_id): row for row in conn.execute(stats)}
         runs = conn.execute(select(t.training_runs)).all()
         samplers = conn.execute(select(t.sampling_sessions)).all()

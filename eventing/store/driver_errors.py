@@ -24,4 +24,6 @@ def sqlalchemy_error(conn: Connection, exc: Exception, sql: Optional[str] = None
     if disconnect and not conn.invalidated:
         conn.engine.pool._invalidate(conn.connection, exc)  # SQLAlchemy's own step on a disconnect
         conn.invalidate(exc)
-    return DBAPIError.instance(sql, params, exc, conn.dialect.loaded_dbapi.Error, connection_invalidated=disconnect, dialect=conn.dialect)
+    return DBAPIError.instance(
+        sql, params, exc, conn.dialect.loaded_dbapi.Error, connection_invalidated=disconnect, dialect=conn.dialect
+    )

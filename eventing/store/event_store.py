@@ -59,7 +59,12 @@ _SUBMISSION = select(t.submissions).where(
     t.submissions.c.tenant == bindparam("b_tenant"), t.submissions.c.dedup_key == bindparam("b_key")
 )
 # The payload fields whose rows the fold reads, prefetched for a whole batch in one query each.
-_PREFETCH = (("futures", "request_id"), ("training_runs", "model_id"), ("sessions", "session_id"), ("sampling_sessions", "sampling_session_id"))
+_PREFETCH = (
+    ("futures", "request_id"),
+    ("training_runs", "model_id"),
+    ("sessions", "session_id"),
+    ("sampling_sessions", "sampling_session_id"),
+)
 _STEP_COMPLETIONS = ("ai.openrl.training.forward_backward.completed.v1", "ai.openrl.training.optim_step.completed.v1")
 
 
@@ -98,7 +103,9 @@ class EventStore:
             raise outcome
         return outcome
 
-    def append_many(self, items: list[tuple[Event, Optional[str], Optional[Dedup]]], published: Sequence[str] = ()) -> list:
+    def append_many(
+        self, items: list[tuple[Event, Optional[str], Optional[Dedup]]], published: Sequence[str] = ()
+    ) -> list:
         """(event, outbox_topic, dedup) each, in one transaction; per item its `Appended`, or
         the Conflict (409) that item alone raised. A conflict is found before that item
         writes anything, so it leaves its neighbours' writes alone; any other failure (a
@@ -149,14 +156,18 @@ class EventStore:
         appended one by one, which answers each collision as `append` does."""
         try:
             with self._writing, self._kept.begin(rows=len(events)) as conn:
-                outcomes, finished, runs = self._fold_batch(conn, [(event, None, dedup) for event, dedup in events], raise_conflicts=True)
+                outcomes, finished, runs = self._fold_batch(
+                    conn, [(event, None, dedup) for event, dedup in events], raise_conflicts=True
+                )
         except IntegrityError:
             return sum(self.append(event, dedup=dedup).stored for event, dedup in events)
         self.finished.put_many(finished)
         self.runs.changed(runs)
         return sum(outcome.stored for outcome in outcomes)
 
-    def _fold_batch(self, conn, items, raise_conflicts: bool, rows: Optional[Rows] = None, known: Optional[set] = None, packed=None) -> tuple[list, list, list]:
+    def _fold_batch(
+        self, conn, items, raise_conflicts: bool, rows: Optional[Rows] = None, known: Optional[set] = None, packed=None
+    ) -> tuple[list, list, list]:
         """(per item its outcome, the futures rows it changed, the runs whose kept rows it
         makes stale) once written; `rows` and `known` (the ids stored) are a rebuild's own,
         kept across its batches; `packed`: per item its stored (data, claim) as another store
@@ -214,15 +225,30 @@ class EventStore:
             ("submissions", [(event.tenant, dedup.key) for event, _t, dedup in items if dedup is not None]),
             ("lease_fences", [(event.tenant, event.key) for event, _t, _d in items if _leased(event)]),
         ]
-        first += [(table, [(value,) for event, _t, _d in items if (value := _field(event.data, field))]) for table, field in _PREFETCH]
+        first += [
+            (table, [(value,) for event, _t, _d in items if (value := _field(event.data, field))])
+            for table, field in _PREFETCH
+        ]
         answers = rows.prefetch_many(first if not rows.fresh else [], also=also)
         known = {row[0] for raw, _description in answers for row in raw} if ids is not None else None
         if rows.fresh:
             return known
         # What completions reach through their future: its run, and the run's latest step.
-        futures = [(event, rows.get("futures", request_id)) for event, _t, _d in items if (request_id := _field(event.data, "request_id"))]
-        rows.prefetch("training_runs", [(future["model_id"],) for _event, future in futures if future and future["model_id"]])
-        stepping = sorted({future["model_id"] for event, future in futures if future and future["model_id"] and event.type in _STEP_COMPLETIONS})
+        futures = [
+            (event, rows.get("futures", request_id))
+            for event, _t, _d in items
+            if (request_id := _field(event.data, "request_id"))
+        ]
+        rows.prefetch(
+            "training_runs", [(future["model_id"],) for _event, future in futures if future and future["model_id"]]
+        )
+        stepping = sorted(
+            {
+                future["model_id"]
+                for event, future in futures
+                if future and future["model_id"] and event.type in _STEP_COMPLETIONS
+            }
+        )
         if stepping:
             rows.prefetch_latest("run_steps", "step", "model_id", stepping)
         return known
@@ -304,7 +330,11 @@ class EventStore:
         with self.engine.connect() as conn:
             topics = dict(conn.execute(select(t.outbox.c.event_id, t.outbox.c.topic)).all())
             ids = list(topics)
-            rows = [row for start in range(0, len(ids), 500) for row in conn.execute(_EVENTS_BY_ID, {"b_ids": ids[start : start + 500]})]
+            rows = [
+                row
+                for start in range(0, len(ids), 500)
+                for row in conn.execute(_EVENTS_BY_ID, {"b_ids": ids[start : start + 500]})
+            ]
         rows.sort(key=lambda row: row.position)
         return [(self._row_to_event(row), topics[row.id], _dedup_of(row)) for row in rows]
 
@@ -337,7 +367,9 @@ class EventStore:
         """Events in store order with the dedup identity each was appended under (for replay)."""
         return [(position, event, dedup) for position, event, dedup, _packed in self.read_packed(after_position, limit)]
 
-    def read_packed(self, after_position: int = 0, limit: int = 1000) -> list[tuple[int, Event, Optional[Dedup], tuple]]:
+    def read_packed(
+        self, after_position: int = 0, limit: int = 1000
+    ) -> list[tuple[int, Event, Optional[Dedup], tuple]]:
         """`read_with_dedup`, and per event its payload as stored: (data, claim), for a
         rebuild to store without encoding it again.
 
@@ -356,7 +388,23 @@ class EventStore:
     def decode_packed(self, rows: list[tuple]) -> list[tuple[int, Event, Optional[Dedup], tuple]]:
         parse = _text_time if self.engine.dialect.name == "sqlite" else utc
         unpack, stored, packed = self.codec.unpack, Event.stored, []
-        for position, id_, type_, source, tenant, key, subject, time, data, sha, size, lease, dkey, dsha, drejected in rows:
+        for (
+            position,
+            id_,
+            type_,
+            source,
+            tenant,
+            key,
+            subject,
+            time,
+            data,
+            sha,
+            size,
+            lease,
+            dkey,
+            dsha,
+            drejected,
+        ) in rows:
             data, claim = bytes(data or b""), _claim(sha, size)
             event = stored(id=id_, type=type_, source=source, time=parse(time), tenant=tenant, key=key, subject=subject,
                            lease=lease, data=unpack(tenant, type_, data, claim))  # fmt: skip

@@ -41,7 +41,9 @@ class KnownRuns:
         self.capacity = capacity
         self.following = False
         self.max_age: Optional[float] = None
-        self._rows: OrderedDict[str, tuple[Any, float]] = OrderedDict()  # model_id -> (row, kept at); the tenant is a column
+        self._rows: OrderedDict[str, tuple[Any, float]] = (
+            OrderedDict()
+        )  # model_id -> (row, kept at); the tenant is a column
         self._generation = 0
         self._lock = threading.Lock()
 

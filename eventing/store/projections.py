@@ -19,8 +19,8 @@ from openrl_core.events import checkpoints as checkpoint_events
 from openrl_core.events import sampling as sampling_events
 from openrl_core.events import sessions as session_events
 from openrl_core.events import training as training_events
-from openrl_core.events.recovery import SNAPSHOT_TAKEN
 from openrl_core.events.lifecycle import CheckpointSaved, RequestCompleted, RequestFailed, SamplingSessionBound
+from openrl_core.events.recovery import SNAPSHOT_TAKEN
 from openrl_core.futures import FutureState, Phase, evolve
 from openrl_core.ids import CHECKPOINT_TYPE, TinkerPath, session_of
 from openrl_core.quotas import request_tokens
@@ -184,7 +184,13 @@ def _training_requested(rows: Rows, event: Event) -> None:
     _touch_run(rows, event.data.model_id, event.time)
 
 
-@handles(*(family[phase] for family in (training_events.CREATE_MODEL, training_events.LOAD_WEIGHTS) for phase in ("completed", "failed")))
+@handles(
+    *(
+        family[phase]
+        for family in (training_events.CREATE_MODEL, training_events.LOAD_WEIGHTS)
+        for phase in ("completed", "failed")
+    )
+)
 def _model_lifecycle(rows: Rows, event: Event) -> None:
     if _future(rows, event) is None:
         return
@@ -219,7 +225,9 @@ def _upsert_checkpoint(rows: Rows, event: Event, saved: CheckpointSaved) -> None
 # -- sampling ------------------------------------------------------------------------------
 
 
-def _insert_sampling_session(rows: Rows, event: Event, bound: SamplingSessionBound, run_id: Optional[str] = None) -> None:
+def _insert_sampling_session(
+    rows: Rows, event: Event, bound: SamplingSessionBound, run_id: Optional[str] = None
+) -> None:
     if rows.get("sampling_sessions", bound.sampling_session_id) is not None:
         return
     rows.insert(
@@ -366,7 +374,9 @@ def _sample_cancelled(rows: Rows, event: Event) -> None:
     row = rows.get("futures", event.data.request_id)
     before = row["state"] if row is not None else None
     if _future(rows, event) is FutureState.CANCELLED and before != FutureState.CANCELLED.value:
-        rows.update("futures", (event.data.request_id,), error=event.data.reason, category="user", completed_at=event.time)
+        rows.update(
+            "futures", (event.data.request_id,), error=event.data.reason, category="user", completed_at=event.time
+        )
 
 
 # Steps and cancellation fold in a module of their own; importing it registers its handlers.

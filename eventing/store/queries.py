@@ -64,7 +64,9 @@ class Projections:
         return self._one(t.sampling_sessions, tenant, sampling_session_id=sampling_session_id)
 
     def runs_of_session(self, tenant: str, session_id: str) -> list[Row]:
-        query = select(t.training_runs).where(t.training_runs.c.tenant == tenant, t.training_runs.c.session_id == session_id)
+        query = select(t.training_runs).where(
+            t.training_runs.c.tenant == tenant, t.training_runs.c.session_id == session_id
+        )
         with self.engine.connect() as conn:
             return list(conn.execute(query))
 
@@ -123,17 +125,23 @@ class Projections:
         query = query.order_by(t.checkpoints.c.created_at.desc(), t.checkpoints.c.run_id, t.checkpoints.c.checkpoint_id)
         return _page(self.engine, query, limit, offset)
 
-    def runs_page(self, tenant: str, limit: int, offset: int, project_id: Optional[str] = None) -> tuple[list[Row], int]:
+    def runs_page(
+        self, tenant: str, limit: int, offset: int, project_id: Optional[str] = None
+    ) -> tuple[list[Row], int]:
         query = select(t.training_runs).where(t.training_runs.c.tenant == tenant)
         if project_id is not None:
-            in_project = select(t.sessions.c.session_id).where(t.sessions.c.tenant == tenant, t.sessions.c.project_id == project_id)
+            in_project = select(t.sessions.c.session_id).where(
+                t.sessions.c.tenant == tenant, t.sessions.c.project_id == project_id
+            )
             query = query.where(t.training_runs.c.session_id.in_(in_project))
         query = query.order_by(t.training_runs.c.created_at.desc(), t.training_runs.c.model_id)
         return _page(self.engine, query, limit, offset)
 
     def sessions_page(self, tenant: str, limit: int, offset: int) -> tuple[list[Row], int]:
         query = select(t.sessions).where(t.sessions.c.tenant == tenant)
-        return _page(self.engine, query.order_by(t.sessions.c.created_at.desc(), t.sessions.c.session_id), limit, offset)
+        return _page(
+            self.engine, query.order_by(t.sessions.c.created_at.desc(), t.sessions.c.session_id), limit, offset
+        )
 
     def sampling_sessions_of(self, tenant: str, session_id: str) -> list[Row]:
         query = (
@@ -194,7 +202,11 @@ class Projections:
 
     def event_claims(self, tenant: str) -> set[str]:
         """Hashes of the payloads stored events hold by reference (claim checks)."""
-        query = select(t.events.c.claim_sha256).where(t.events.c.tenant == tenant, t.events.c.claim_sha256.is_not(None)).distinct()
+        query = (
+            select(t.events.c.claim_sha256)
+            .where(t.events.c.tenant == tenant, t.events.c.claim_sha256.is_not(None))
+            .distinct()
+        )
         with self.engine.connect() as conn:
             return {digest for (digest,) in conn.execute(query)}
 

@@ -125,7 +125,9 @@ class _ProcessWriter:
             return self._batch, None
         name, message = failure
         cause = getattr(sqlite3, name, sqlite3.Error)(message)
-        return self._batch, DBAPIError.instance("a rebuild's batch of writes", None, cause, sqlite3.Error, dialect=self._dialect)
+        return self._batch, DBAPIError.instance(
+            "a rebuild's batch of writes", None, cause, sqlite3.Error, dialect=self._dialect
+        )
 
     def close(self, failed: bool = False) -> None:
         """Checkpoint and end the process; after a failure (said already) only end it."""
@@ -187,7 +189,9 @@ class Rebuilder:
         conn = self._connection()
         try:
             with conn.begin():
-                outcomes, finished, _runs = self.store._fold_batch(conn, items, True, rows=self._rows, known=self._known, packed=packed)
+                outcomes, finished, _runs = self.store._fold_batch(
+                    conn, items, True, rows=self._rows, known=self._known, packed=packed
+                )
         except IntegrityError:
             # Someone else wrote into the target: what this Rows holds may no longer be all
             # there is. Start over on the live path for this batch and the rest.
@@ -205,7 +209,9 @@ class Rebuilder:
         committed, and return while they are written (see `_Writer`)."""
         writes = writer.writes()
         try:
-            outcomes, finished, _runs = self.store._fold_batch(writes, items, True, rows=self._rows, known=self._known, packed=packed)
+            outcomes, finished, _runs = self.store._fold_batch(
+                writes, items, True, rows=self._rows, known=self._known, packed=packed
+            )
         except BaseException:
             self._settle_quietly()
             self._drop()  # nothing of this batch was written

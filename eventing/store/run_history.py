@@ -48,10 +48,17 @@ def run_history(store: EventStore, tenant: str, run_id: str) -> RunHistory:
     events = t.events.c
     query = (
         select(t.events)
-        .where(events.tenant == tenant, events.key == run_id, events.type.in_(wanted), or_(events.fenced.is_(None), events.fenced.is_(False)))
+        .where(
+            events.tenant == tenant,
+            events.key == run_id,
+            events.type.in_(wanted),
+            or_(events.fenced.is_(None), events.fenced.is_(False)),
+        )
         .order_by(events.position)
     )
-    futures = select(t.futures.c.request_id, t.futures.c.state).where(t.futures.c.tenant == tenant, t.futures.c.model_id == run_id)
+    futures = select(t.futures.c.request_id, t.futures.c.state).where(
+        t.futures.c.tenant == tenant, t.futures.c.model_id == run_id
+    )
     with store.engine.connect() as conn:
         rows = conn.execute(query).all()
         states = dict(conn.execute(futures).all())

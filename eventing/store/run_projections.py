@@ -98,7 +98,14 @@ def _step_progress(rows: Rows, event: Event) -> None:
             forward_backward=calls + 1,
         )
     if row is None:
-        rows.insert("run_steps", fresh=True, model_id=model_id, step=step, tenant=event.tenant, **{"tokens": 0, "forward_backward": 0, **values})
+        rows.insert(
+            "run_steps",
+            fresh=True,
+            model_id=model_id,
+            step=step,
+            tenant=event.tenant,
+            **{"tokens": 0, "forward_backward": 0, **values},
+        )
     else:
         rows.update("run_steps", (model_id, step), **values)
 
@@ -119,7 +126,9 @@ def _run_cancelled(rows: Rows, event: Event) -> None:
     run = rows.get("training_runs", data.model_id)
     if run is None or run["tenant"] != event.tenant or run["state"] == "cancelled":
         return
-    rows.update("training_runs", (data.model_id,), state="cancelled", cancelled_at=event.time, last_request_time=event.time)
+    rows.update(
+        "training_runs", (data.model_id,), state="cancelled", cancelled_at=event.time, last_request_time=event.time
+    )
     message = cancellation_message(data)
     _cancel_futures(rows, event, [data.model_id], message)
     closing = [

@@ -51,7 +51,9 @@ class RunViews:
             .where(_mine(t.training_runs, tenant))
         )
 
-    def runs(self, tenant: Optional[str], limit: int, offset: int, status: Optional[str] = None) -> tuple[list[Row], int]:
+    def runs(
+        self, tenant: Optional[str], limit: int, offset: int, status: Optional[str] = None
+    ) -> tuple[list[Row], int]:
         """Newest first; `status` filters on the derived status."""
         query = self._runs_query(tenant).order_by(t.training_runs.c.created_at.desc(), t.training_runs.c.model_id)
         with self.engine.connect() as conn:
@@ -71,7 +73,9 @@ class RunViews:
         """The run's completed steps in order (the run was already checked to be the caller's)."""
         query = (
             select(t.run_steps)
-            .where(t.run_steps.c.model_id == run_id, t.run_steps.c.completed_at.is_not(None), t.run_steps.c.step > after)
+            .where(
+                t.run_steps.c.model_id == run_id, t.run_steps.c.completed_at.is_not(None), t.run_steps.c.step > after
+            )
             .order_by(t.run_steps.c.step)
         )
         with self.engine.connect() as conn:
@@ -136,7 +140,12 @@ class RunViews:
         f = t.futures
         query = (
             select(f.c.request_id, f.c.model_id, f.c.created_at, f.c.completed_at, f.c.result)
-            .where(f.c.tenant == tenant, f.c.kind == "sample", f.c.state == "completed", f.c.model_id.in_(sampling_session_ids))
+            .where(
+                f.c.tenant == tenant,
+                f.c.kind == "sample",
+                f.c.state == "completed",
+                f.c.model_id.in_(sampling_session_ids),
+            )
             .order_by(f.c.completed_at.desc(), f.c.request_id)
             .limit(limit)
         )
@@ -145,20 +154,30 @@ class RunViews:
 
     def tenants_of_runs(self, run_ids: list[str]) -> dict[str, str]:
         """run id -> its tenant, for those of `run_ids` that exist."""
-        query = select(t.training_runs.c.model_id, t.training_runs.c.tenant).where(t.training_runs.c.model_id.in_(run_ids))
+        query = select(t.training_runs.c.model_id, t.training_runs.c.tenant).where(
+            t.training_runs.c.model_id.in_(run_ids)
+        )
         with self.engine.connect() as conn:
             return {row.model_id: row.tenant for row in conn.execute(query)}
 
-    def sessions(self, tenant: Optional[str], limit: int, offset: int) -> tuple[list[Row], int, dict[str, int], dict[str, int]]:
+    def sessions(
+        self, tenant: Optional[str], limit: int, offset: int
+    ) -> tuple[list[Row], int, dict[str, int], dict[str, int]]:
         """Sessions newest first, with how many training runs and sampling sessions each holds."""
-        query = select(t.sessions).where(_mine(t.sessions, tenant)).order_by(t.sessions.c.created_at.desc(), t.sessions.c.session_id)
+        query = (
+            select(t.sessions)
+            .where(_mine(t.sessions, tenant))
+            .order_by(t.sessions.c.created_at.desc(), t.sessions.c.session_id)
+        )
         with self.engine.connect() as conn:
             total = int(conn.execute(select(func.count()).where(_mine(t.sessions, tenant))).scalar() or 0)
             rows = list(conn.execute(query.limit(limit).offset(offset)))
             ids = [row.session_id for row in rows]
             runs = dict(
                 conn.execute(
-                    select(t.training_runs.c.session_id, func.count()).where(t.training_runs.c.session_id.in_(ids)).group_by(t.training_runs.c.session_id)
+                    select(t.training_runs.c.session_id, func.count())
+                    .where(t.training_runs.c.session_id.in_(ids))
+                    .group_by(t.training_runs.c.session_id)
                 ).all()
             )
             samplers = dict(

@@ -28,15 +28,24 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.dml import Insert
 
 from eventing.store import pg_round_trips
-from eventing.store.driver_errors import sqlalchemy_error
 from eventing.store import tables as t
+from eventing.store.driver_errors import sqlalchemy_error
 
 Row = dict[str, Any]
 Key = tuple
 
 TABLES = {
     table.name: table
-    for table in (t.sessions, t.training_runs, t.run_steps, t.checkpoints, t.sampling_sessions, t.futures, t.submissions, t.lease_fences)
+    for table in (
+        t.sessions,
+        t.training_runs,
+        t.run_steps,
+        t.checkpoints,
+        t.sampling_sessions,
+        t.futures,
+        t.submissions,
+        t.lease_fences,
+    )
 }
 _PRIMARY = {name: [c.name for c in table.primary_key.columns] for name, table in TABLES.items()}
 _COLUMNS = {name: [c.name for c in table.columns] for name, table in TABLES.items()}
@@ -114,7 +123,9 @@ class _Reader:
         # driver reports (psycopg's float columns).
         self.processors: Optional[list] = None
         self.by_name: dict[str, Any] = {}
-        self.head = f"SELECT {', '.join(prepare.quote(c) for c in self.columns)} FROM {prepare.format_table(source)} WHERE "
+        self.head = (
+            f"SELECT {', '.join(prepare.quote(c) for c in self.columns)} FROM {prepare.format_table(source)} WHERE "
+        )
         self.mark = driver_mark(dialect)
         self.primary = [prepare.quote(c) for c in _PRIMARY[table]]
         # On SQLite a composite key is matched as `(a = ? AND b = ?) OR ...`, which it plans
@@ -295,7 +306,9 @@ class _Compiled:
 
     def params(self, rows: list[dict]) -> list:
         if not self.positional:
-            return [{name: process(row[name]) if process else row[name] for name, process in self.order} for row in rows]
+            return [
+                {name: process(row[name]) if process else row[name] for name, process in self.order} for row in rows
+            ]
         values, processed = self._values, self._processed
         if not processed:
             return [values(row) for row in rows]
@@ -315,7 +328,11 @@ def _bind_processor(type_, dialect):
     fold); `isoformat` writes the same text in C."""
     impl = type_.dialect_impl(dialect)
     process = impl.bind_processor(dialect)
-    if dialect.name != "sqlite" or not isinstance(impl, SQLITE_DATETIME) or impl._storage_format != SQLITE_DATETIME._storage_format:
+    if (
+        dialect.name != "sqlite"
+        or not isinstance(impl, SQLITE_DATETIME)
+        or impl._storage_format != SQLITE_DATETIME._storage_format
+    ):
         return process
 
     def sqlite_datetime(value, _exact=datetime, _general=process):
@@ -349,14 +366,20 @@ class _RowsInsert:
         if set(processors) != set(keys) or not set(keys) <= set(table.c.keys()):
             return None
         quote = dialect.identifier_preparer.quote
-        names = [column.name for column in table.columns if column.name in keys]  # the table's order, as the INSERT has them
+        names = [
+            column.name for column in table.columns if column.name in keys
+        ]  # the table's order, as the INSERT has them
         columns = ", ".join(quote(name) for name in names)
-        return cls(f"COPY {dialect.identifier_preparer.format_table(table)} ({columns}) FROM STDIN", [(name, processors[name]) for name in names])
+        return cls(
+            f"COPY {dialect.identifier_preparer.format_table(table)} ({columns}) FROM STDIN",
+            [(name, processors[name]) for name in names],
+        )
 
     def execute(self, conn: Connection, rows: list[dict]) -> None:
         """Row by row into the COPY stream: psycopg sends what it has formatted every 32 KiB,
         so the server works on the first rows while the last are formatted (measured faster
         than formatting all rows first and sending them at once)."""
+
         def fill(copy) -> None:
             for row in rows:
                 copy.write_row(self._values(row))
@@ -446,7 +469,9 @@ class DeferredWrites:
     def add(self, statement, rows: list[dict]) -> None:
         compiled = _compiled(self.dialect, statement, rows)
         if compiled.rows_insert is not None and self._formatting is not None:
-            self._writes.append(("copy", compiled.rows_insert.copy_sql, compiled.rows_insert.format(self._formatting, rows)))
+            self._writes.append(
+                ("copy", compiled.rows_insert.copy_sql, compiled.rows_insert.format(self._formatting, rows))
+            )
         else:
             self._writes.append(("sql", compiled.sql, compiled.params(rows)))
 
@@ -509,7 +534,11 @@ def _top_rows(table: str, column: str, group: str, count: int):
     every row of each group: a long run's steps, on every training completion.)"""
     source = TABLES[table]
     parts = [
-        select(source).where(source.c[group] == bindparam(f"b_group_{i}")).order_by(source.c[column].desc()).limit(1).subquery()
+        select(source)
+        .where(source.c[group] == bindparam(f"b_group_{i}"))
+        .order_by(source.c[column].desc())
+        .limit(1)
+        .subquery()
         for i in range(count)
     ]
     return union_all(*(select(part) for part in parts)) if count > 1 else select(parts[0])
@@ -531,7 +560,9 @@ class Rows:
         # column, group column) -> group value -> key of the top row (None: no row). A run's
         # step asks for its latest step on every training completion.
         self._tops: dict[str, dict[tuple[str, str], dict[Any, Optional[Key]]]] = {name: {} for name in TABLES}
-        self._indexed: set[tuple[str, str, str]] = set()  # (table, column, group) whose `_tops` hold every group (fresh only)
+        self._indexed: set[tuple[str, str, str]] = (
+            set()
+        )  # (table, column, group) whose `_tops` hold every group (fresh only)
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -654,7 +685,9 @@ class Rows:
             row[column] = utc(row[column])
         key = key_of(table, row)
         self._stored[table].add(key)
-        if self._rows[table].get(key) is None and key not in self._changed[table]:  # what this transaction changed wins over a re-read
+        if (
+            self._rows[table].get(key) is None and key not in self._changed[table]
+        ):  # what this transaction changed wins over a re-read
             self._rows[table][key] = row
             self._track(table, key, row)
 

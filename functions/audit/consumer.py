@@ -46,7 +46,9 @@ class AuditConsumer:
         self.consumer = bus.consumer(group, pattern=topics.everything(), from_beginning=True, instance_id=instance_id)
 
     @classmethod
-    def from_settings(cls, bus: EventBus, codec: Codec, settings: Settings, instance_id: Optional[str] = None) -> "AuditConsumer":
+    def from_settings(
+        cls, bus: EventBus, codec: Codec, settings: Settings, instance_id: Optional[str] = None
+    ) -> "AuditConsumer":
         return cls(bus, codec, AuditJournal(audit_dir(settings), settings.audit_dedup_window), instance_id=instance_id)
 
     def run_once(self, timeout: float = 1.0) -> int:
@@ -58,7 +60,9 @@ class AuditConsumer:
             try:
                 events.append(self.codec.decode(record.message))
             except Exception:  # a poison record must not stall the audit of every tenant
-                log.exception("audit: undecodable record %s/%s@%s skipped", record.topic, record.partition, record.offset)
+                log.exception(
+                    "audit: undecodable record %s/%s@%s skipped", record.topic, record.partition, record.offset
+                )
         self.journal.append(events)  # fsynced when it returns
         self.consumer.commit()
         return len(records)

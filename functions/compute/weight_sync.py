@@ -189,7 +189,9 @@ def decode_delta(data: bytes) -> tuple[dict, list[delta.TensorDelta]]:
         offset += size
     if offset != len(data):
         raise InvalidRequest("weight delta body does not match its header")
-    bodies = list(_POOL.map(lambda frame: zstandard.ZstdDecompressor().decompress(frame, max_output_size=1 << 40), frames))
+    bodies = list(
+        _POOL.map(lambda frame: zstandard.ZstdDecompressor().decompress(frame, max_output_size=1 << 40), frames)
+    )
     deltas, positions = [], [0] * len(bodies)
     for entry in header["tensors"]:
         number, start = entry["frame"], positions[entry["frame"]]
@@ -197,7 +199,9 @@ def decode_delta(data: bytes) -> tuple[dict, list[delta.TensorDelta]]:
         indices = body[start : start + entry["index_bytes"]]
         values = body[start + entry["index_bytes"] : start + entry["index_bytes"] + entry["value_bytes"]]
         positions[number] = start + entry["index_bytes"] + entry["value_bytes"]
-        deltas.append(delta.TensorDelta(entry["name"], entry["count"], entry["index_width"], bytes(indices), bytes(values)))
+        deltas.append(
+            delta.TensorDelta(entry["name"], entry["count"], entry["index_width"], bytes(indices), bytes(values))
+        )
     if positions != [len(body) for body in bodies]:
         raise InvalidRequest("weight delta body does not match its header")
     return header, deltas
@@ -270,22 +274,38 @@ class Publisher:
                 piece, where = delta.TensorDelta.of(name, old, new)
                 if piece.count:
                     deltas.append(piece)
-                    checksum = delta.update_checksum(checksum, name, where, old.reshape(-1)[where], new.reshape(-1)[where])
+                    checksum = delta.update_checksum(
+                        checksum, name, where, old.reshape(-1)[where], new.reshape(-1)[where]
+                    )
                 changed += piece.count
             base = self.chain[-1]
             encoded = encode_delta(
-                {"version": version, "base_version": base.version, "base_checksum": str(base.checksum),
-                 "checksum": str(checksum), "dtype": self.dtype, "run_id": self.run_id},  # fmt: skip
+                {
+                    "version": version,
+                    "base_version": base.version,
+                    "base_checksum": str(base.checksum),
+                    "checksum": str(checksum),
+                    "dtype": self.dtype,
+                    "run_id": self.run_id,
+                },  # fmt: skip
                 deltas,
             )
         deltas_since_full = len(self.chain) - 1 if self.chain else 0
         kind, reason = delta.choose_kind(
-            bool(self.chain), deltas_since_full, self.full_every, None if encoded is None else len(encoded), full_bytes, self.max_share
+            bool(self.chain),
+            deltas_since_full,
+            self.full_every,
+            None if encoded is None else len(encoded),
+            full_bytes,
+            self.max_share,
         )
         if kind == "full":
             checksum = delta.checksum({name: _numpy_bits(b, self.dtype) for name, b in new_bits.items()})
             tensors = {name: b.view(TORCH_DTYPES[self.dtype]) for name, b in new_bits.items()}
-            data = save_safetensors(tensors, metadata={"format": "openrl.sampler-full.v1", "version": str(version), "checksum": str(checksum)})
+            data = save_safetensors(
+                tensors,
+                metadata={"format": "openrl.sampler-full.v1", "version": str(version), "checksum": str(checksum)},
+            )
             link = Link(version, "full", None, None, checksum, put(data), elements, elements)
             self.chain = [link]
             changed = elements
@@ -300,7 +320,7 @@ class Publisher:
             kind=kind,
             reason=reason,
             manifest=manifest,
-            chain=[l.file for l in self.chain],
+            chain=[step.file for step in self.chain],
             changed=changed,
             elements=elements,
             file_bytes=link.file.size,
@@ -357,8 +377,12 @@ class Receiver:
             raise InvalidRequest(f"full weights do not fit this model: missing {missing}, unexpected {extra}")
         for name, tensor in tensors.items():
             if tuple(tensor.shape) != tuple(self.params[name].shape):
-                raise InvalidRequest(f"full weights: {name} has shape {list(tensor.shape)}, expected {list(self.params[name].shape)}")
-        checksum = delta.checksum({name: _numpy_bits(t.view(BITS_TORCH[self.dtype]), self.dtype) for name, t in tensors.items()})
+                raise InvalidRequest(
+                    f"full weights: {name} has shape {list(tensor.shape)}, expected {list(self.params[name].shape)}"
+                )
+        checksum = delta.checksum(
+            {name: _numpy_bits(t.view(BITS_TORCH[self.dtype]), self.dtype) for name, t in tensors.items()}
+        )
         if checksum != link.checksum:
             raise InvalidRequest(f"full weights of version {link.version} fail their checksum")
         for name, tensor in tensors.items():
@@ -394,9 +418,10 @@ class Receiver:
         plans = [p for share in _POOL.map(lambda share: [plan(piece) for piece in share], shares) for p in share]
         checksum = (self.checksum + sum(change for *_, change in plans)) & delta.MASK64
         if checksum != int(header["checksum"]) or checksum != link.checksum:
-            raise InvalidRequest(f"delta to version {header['version']} fails its checksum; the held weights are unchanged")
+            raise InvalidRequest(
+                f"delta to version {header['version']} fails its checksum; the held weights are unchanged"
+            )
         # every check passed: now write, in place
         written = _balanced(plans, _POOL._max_workers, size=lambda p: p[1].size)
         list(_POOL.map(lambda share: [target.write(indices, values) for target, indices, values, _ in share], written))
         self.version, self.checksum = int(header["version"]), checksum
-

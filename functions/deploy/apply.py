@@ -19,8 +19,8 @@ from typing import Iterable
 
 from functions.deploy.config import DeployConfig
 from functions.deploy.errors import DeployConfigError
-from functions.deploy.kube import KINDS, KubeApi, contains, kind_of
 from functions.deploy.knative import readiness
+from functions.deploy.kube import KINDS, KubeApi, contains, kind_of
 
 PART_OF = "app.kubernetes.io/part-of=openrl"
 SECRETS = {
@@ -53,7 +53,9 @@ def preflight(api: KubeApi, config: DeployConfig) -> None:
     missing = [name for name in SECRETS if api.get(("v1", "Secret"), name, config.namespace) is None]
     if missing:
         how = "\n  ".join(SECRETS[name].format(ns=config.namespace) for name in missing)
-        raise DeployConfigError(f"missing Secret(s) {missing} in namespace {config.namespace!r}; create them first:\n  {how}")
+        raise DeployConfigError(
+            f"missing Secret(s) {missing} in namespace {config.namespace!r}; create them first:\n  {how}"
+        )
 
 
 def apply(api: KubeApi, objects: Iterable[dict]) -> list[Change]:
@@ -104,8 +106,11 @@ def status(api: KubeApi, namespace: str) -> list[tuple[str, str, str]]:
 
 def delete(api: KubeApi, namespace: str) -> list[Change]:
     objects = owned(api, namespace)
+
     # The scheduler first (it would recreate workers), then workloads, then the rest.
-    first = lambda o: (o["metadata"]["name"] != "openrl-scheduler", o["kind"] not in ("StatefulSet", "Deployment", "DaemonSet"))
+    def first(o: dict) -> tuple[bool, bool]:
+        return o["metadata"]["name"] != "openrl-scheduler", o["kind"] not in ("StatefulSet", "Deployment", "DaemonSet")
+
     changes = []
     for obj in sorted(objects, key=first):
         kind = kind_of(obj)

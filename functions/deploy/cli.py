@@ -24,7 +24,9 @@ FUNCTIONS = {
 
 
 def add_commands(commands) -> None:
-    deploy = commands.add_parser("deploy", help="render the Kubernetes manifests and apply them (or --dry-run to print)")
+    deploy = commands.add_parser(
+        "deploy", help="render the Kubernetes manifests and apply them (or --dry-run to print)"
+    )
     deploy.add_argument("action", nargs="?", choices=("apply", "status", "delete"), default="apply",
                         help="apply (default), status: what is deployed and whether it is ready, delete: remove it")  # fmt: skip
     deploy.add_argument("--namespace", default="openrl")
@@ -35,18 +37,28 @@ def add_commands(commands) -> None:
     deploy.add_argument("--tenant", action="append", default=None,
                         help="a tenant whose topics the audit and metrics KafkaSources read (default: OPENRL_API_KEYS's)")  # fmt: skip
     deploy.add_argument("--kafka-bootstrap", default=None, help="Kafka bootstrap servers as the cluster reaches them")
-    deploy.add_argument("--kafka-cluster", default=None, help="Strimzi cluster name for --overlay topics (default kafka)")
-    deploy.add_argument("--external-database", action="store_true", help="no in-cluster PostgreSQL: use the Secret's URL")
+    deploy.add_argument(
+        "--kafka-cluster", default=None, help="Strimzi cluster name for --overlay topics (default kafka)"
+    )
+    deploy.add_argument(
+        "--external-database", action="store_true", help="no in-cluster PostgreSQL: use the Secret's URL"
+    )
     deploy.add_argument("--scheduler-policy", default=None, help="binpack (default) or spread")
-    deploy.add_argument("--manifests", type=Path, default=None, help="the knative/ directory (default: this checkout's)")
+    deploy.add_argument(
+        "--manifests", type=Path, default=None, help="the knative/ directory (default: this checkout's)"
+    )
     deploy.add_argument("--dry-run", action="store_true", help="print the manifests as YAML; talk to no cluster")
     deploy.add_argument("--wait", type=float, default=0, metavar="SECONDS",
                         help="after applying, wait this long for every Knative Service to be Ready")  # fmt: skip
     deploy.add_argument("--kubeconfig", default=None)
     deploy.add_argument("--context", default=None)
 
-    scheduler = commands.add_parser("scheduler", help="place and scale trainer/sampler StatefulSets (runs in the cluster)")
-    scheduler.add_argument("--templates", type=Path, default=Path("/etc/openrl/workers"), help="worker templates directory")
+    scheduler = commands.add_parser(
+        "scheduler", help="place and scale trainer/sampler StatefulSets (runs in the cluster)"
+    )
+    scheduler.add_argument(
+        "--templates", type=Path, default=Path("/etc/openrl/workers"), help="worker templates directory"
+    )
     scheduler.add_argument("--once", action="store_true", help="reconcile once and print what changed")
     scheduler.add_argument("--kubeconfig", default=None)
 

@@ -70,9 +70,13 @@ def checked(
     if unknown:
         raise DeployConfigError(f"unknown base model(s) {unknown}; this build serves: {', '.join(catalog.names())}")
     root = Path(rest.pop("manifests", None) or KNATIVE)
-    available = sorted(p.name for p in (root / "overlays").iterdir() if p.is_dir()) if (root / "overlays").is_dir() else []
+    available = (
+        sorted(p.name for p in (root / "overlays").iterdir() if p.is_dir()) if (root / "overlays").is_dir() else []
+    )
     if not available:
-        raise DeployConfigError(f"no overlays under {root / 'overlays'}: pass --manifests with the repository's knative/")
+        raise DeployConfigError(
+            f"no overlays under {root / 'overlays'}: pass --manifests with the repository's knative/"
+        )
     chosen = list(dict.fromkeys(overlays or ["distributed"]))
     missing = [o for o in chosen if o not in available]
     if missing:

@@ -36,7 +36,9 @@ def readiness(service: Obj) -> Readiness:
     for condition in status.get("conditions") or []:
         if condition.get("type") != "Ready":
             continue
-        why = ": ".join(filter(None, [condition.get("reason"), condition.get("message")])) or condition.get("status", "")
+        why = ": ".join(filter(None, [condition.get("reason"), condition.get("message")])) or condition.get(
+            "status", ""
+        )
         # A Ready condition of an older generation says nothing about the current spec.
         if generation is not None and observed is not None and observed < generation:
             return Readiness(False, f"generation {generation} not observed yet (at {observed})")
@@ -79,7 +81,11 @@ class KnativeServing:
 
     def patch(self, name: str, patch: Obj) -> Obj:
         return self._call(
-            f"{name} patch", self.api.patch_namespaced_custom_object, name, patch, _content_type="application/merge-patch+json"
+            f"{name} patch",
+            self.api.patch_namespaced_custom_object,
+            name,
+            patch,
+            _content_type="application/merge-patch+json",
         )
 
     def delete(self, name: str) -> bool:
@@ -100,5 +106,7 @@ class KnativeServing:
             if state.ready:
                 return service
             if time.monotonic() >= deadline:
-                raise NotReady(f"Knative Service {self.namespace}/{name} not Ready after {timeout:.0f} s: {state.reason}")
+                raise NotReady(
+                    f"Knative Service {self.namespace}/{name} not Ready after {timeout:.0f} s: {state.reason}"
+                )
             time.sleep(min(poll, max(deadline - time.monotonic(), 0.0)))

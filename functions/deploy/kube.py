@@ -69,7 +69,9 @@ KINDS: dict[tuple[str, str], Kind] = {
 
 
 def kind_of(obj_or_key: Obj | tuple[str, str]) -> Kind:
-    key = obj_or_key if isinstance(obj_or_key, tuple) else (obj_or_key.get("apiVersion", ""), obj_or_key.get("kind", ""))
+    key = (
+        obj_or_key if isinstance(obj_or_key, tuple) else (obj_or_key.get("apiVersion", ""), obj_or_key.get("kind", ""))
+    )
     try:
         return KINDS[key]
     except KeyError:
@@ -121,7 +123,9 @@ class KubernetesApi:
             configuration.api_key_prefix = {"BearerToken": "Bearer"}
         return cls(client.ApiClient(configuration))
 
-    def _call(self, method: str, path: str, body: Optional[Obj] = None, query=None, content_type: str = "application/json"):
+    def _call(
+        self, method: str, path: str, body: Optional[Obj] = None, query=None, content_type: str = "application/json"
+    ):
         from kubernetes.client.exceptions import ApiException
 
         headers = {"Accept": "application/json"}
@@ -151,14 +155,18 @@ class KubernetesApi:
         body = self._call("GET", path, query=[("labelSelector", label_selector)] if label_selector else None)
         # The API server has filtered already; filtering again costs nothing and keeps the
         # answer right on an API-shaped server that ignores selectors (the test emulator).
-        return [o for o in body.get("items") or [] if selects(label_selector, o.get("metadata", {}).get("labels") or {})]
+        return [
+            o for o in body.get("items") or [] if selects(label_selector, o.get("metadata", {}).get("labels") or {})
+        ]
 
     def create(self, obj):
         kind = kind_of(obj)
         return self._call("POST", kind.path(obj["metadata"].get("namespace")), body=obj)
 
     def patch(self, key, name, patch, namespace=None):
-        return self._call("PATCH", KINDS[key].path(namespace, name), body=patch, content_type="application/merge-patch+json")
+        return self._call(
+            "PATCH", KINDS[key].path(namespace, name), body=patch, content_type="application/merge-patch+json"
+        )
 
     def delete(self, key, name, namespace=None):
         try:

@@ -69,7 +69,9 @@ def build(directory: Path) -> list[Obj]:
         for patch in load_documents(directory / entry["path"]):
             matches = [i for i, obj in enumerate(objects) if identity(obj)[1:] == identity(patch)[1:]]
             if not matches:
-                raise DeployConfigError(f"{file}: patch {entry['path']} targets {identity(patch)[1:]}, which is not here")
+                raise DeployConfigError(
+                    f"{file}: patch {entry['path']} targets {identity(patch)[1:]}, which is not here"
+                )
             for i in matches:
                 objects[i] = merge(objects[i], patch)
     return objects
@@ -87,7 +89,9 @@ def merge(base: Any, patch: Any, field: str = "") -> Any:
         merged = copy.deepcopy(base)
         added = []
         for item in patch:
-            at = next((i for i, old in enumerate(merged) if isinstance(old, dict) and old.get(key) == item.get(key)), None)
+            at = next(
+                (i for i, old in enumerate(merged) if isinstance(old, dict) and old.get(key) == item.get(key)), None
+            )
             if at is None:
                 added.append(copy.deepcopy(item))
             else:

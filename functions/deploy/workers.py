@@ -44,11 +44,17 @@ def stamp(template: Obj, spec: WorkerSpec, pin: Optional[Pin] = None, memory_byt
     meta = worker["metadata"]
     meta["name"] = spec.name
     meta.setdefault("labels", {}).update(
-        {"app.kubernetes.io/component": spec.role, "app.kubernetes.io/managed-by": MANAGED_BY, "openrl.ai/worker": spec.name}
+        {
+            "app.kubernetes.io/component": spec.role,
+            "app.kubernetes.io/managed-by": MANAGED_BY,
+            "openrl.ai/worker": spec.name,
+        }
     )
     annotations = meta.setdefault("annotations", {})
     annotations.pop("openrl.ai/template", None)
-    annotations.update({"openrl.ai/base-model": spec.base_model, "openrl.ai/placement": f"{pin.node}/{pin.device}" if pin else ""})
+    annotations.update(
+        {"openrl.ai/base-model": spec.base_model, "openrl.ai/placement": f"{pin.node}/{pin.device}" if pin else ""}
+    )
     if spec.model_id:
         annotations["openrl.ai/model-id"] = spec.model_id
     if memory_bytes is not None:
@@ -57,7 +63,9 @@ def stamp(template: Obj, spec: WorkerSpec, pin: Optional[Pin] = None, memory_byt
     worker["spec"]["selector"] = {"matchLabels": selector}
     worker["spec"]["replicas"] = 1
     pod = worker["spec"]["template"]
-    pod.setdefault("metadata", {}).setdefault("labels", {}).update({**selector, "app.kubernetes.io/component": spec.role})
+    pod.setdefault("metadata", {}).setdefault("labels", {}).update(
+        {**selector, "app.kubernetes.io/component": spec.role}
+    )
     containers = pod["spec"]["containers"]
     if len(containers) != 1:
         raise DeployConfigError(f"a worker template has one container, not {len(containers)}")

@@ -18,17 +18,28 @@ from typing import Optional
 
 from fastapi import FastAPI
 
-from functions.gateway import errors, openapi
+from functions.gateway import downloads, errors, openapi
 from functions.gateway.body_limit import BodyLimit
 from functions.gateway.context import GatewayContext
 from functions.gateway.fast_lane import GatewayApp
-from functions.gateway.routes import client, futures, models, sampling, sessions, training
-from functions.gateway import downloads
-from functions.gateway.routes import checkpoints, runs
-from functions.gateway.routes import openrl_forks, openrl_runs, openrl_store
-from functions.gateway.routes import dashboard, openrl_live, openrl_timeline
-from functions.gateway.routes import unsupported
-from functions.gateway.routes import openai_compat
+from functions.gateway.routes import (
+    checkpoints,
+    client,
+    dashboard,
+    futures,
+    models,
+    openai_compat,
+    openrl_forks,
+    openrl_live,
+    openrl_runs,
+    openrl_store,
+    openrl_timeline,
+    runs,
+    sampling,
+    sessions,
+    training,
+    unsupported,
+)
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +85,16 @@ class GatewayFunction:
         from functions.runtime import Runtime
         from openrl_core.settings import Settings
 
-        self._runtime = Runtime(Settings(**{k.lower(): v for k, v in cfg.items() if k.lower() in Settings.model_fields}))
+        self._runtime = Runtime(
+            Settings(**{k.lower(): v for k, v in cfg.items() if k.lower() in Settings.model_fields})
+        )
         self._ctx = self._runtime.gateway_context()
         self._app = create_app(self._ctx)
         settings = self._runtime.settings
-        for name, loop in (("reaper", Reaper(self._ctx, settings.checkpoint_reaper_seconds)), ("outbox", OutboxRelay(self._ctx))):
+        for name, loop in (
+            ("reaper", Reaper(self._ctx, settings.checkpoint_reaper_seconds)),
+            ("outbox", OutboxRelay(self._ctx)),
+        ):
             thread = threading.Thread(target=loop.run, args=(self._stop,), name=name, daemon=True)
             thread.start()
             self._threads.append(thread)

@@ -11,10 +11,10 @@ raises it, like every other refusal (`{"detail": ...}`, or OpenAI's error object
 from __future__ import annotations
 
 from starlette.exceptions import HTTPException
-
-from functions.gateway.openai_wire import PREFIX, error_body
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from functions.gateway.openai_wire import PREFIX, error_body
 
 SETTING = "max_request_bytes (OPENRL_MAX_REQUEST_BYTES)"
 

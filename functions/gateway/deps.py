@@ -109,6 +109,10 @@ class Caller:
 async def get_caller(request: Request) -> Caller:
     ctx: GatewayContext = request.app.state.ctx
     api_key = request.headers.get("x-api-key")
-    if api_key and ctx.operator_key_hash is not None and hmac.compare_digest(GatewayContext.hash_key(api_key), ctx.operator_key_hash):
+    if (
+        api_key
+        and ctx.operator_key_hash is not None
+        and hmac.compare_digest(GatewayContext.hash_key(api_key), ctx.operator_key_hash)
+    ):
         return Caller(tenant=None)
     return Caller(tenant=tenant_of_request(request))

@@ -109,7 +109,9 @@ async def save_weights_external(
     body = SaveWeightsExternalRequest.model_validate_json(raw)
     run = require_run(ctx, tenant, body.model_id)
     if body.seq_id is None:
-        raise InvalidRequest("save_weights_external needs the model's next seq_id: it is applied in order with training")
+        raise InvalidRequest(
+            "save_weights_external needs the model's next seq_id: it is applied in order with training"
+        )
 
     def build(request_id: str) -> SaveWeightsExternalRequested:
         if run.state == "frozen":
@@ -195,6 +197,10 @@ def download(
             handle.close()
 
     quoted = quote(filename)  # as Starlette's FileResponse names it
-    disposition = f"attachment; filename*=utf-8''{quoted}" if quoted != filename else f'attachment; filename="{filename}"'
+    disposition = (
+        f"attachment; filename*=utf-8''{quoted}" if quoted != filename else f'attachment; filename="{filename}"'
+    )
     headers = {"Content-Length": str(size), "Content-Disposition": disposition}
-    return StreamingResponse(stream(), media_type="application/octet-stream", headers=headers, background=BackgroundTask(handle.close))
+    return StreamingResponse(
+        stream(), media_type="application/octet-stream", headers=headers, background=BackgroundTask(handle.close)
+    )

@@ -23,8 +23,7 @@ from pydantic import ValidationError
 from sqlalchemy import exc as sql_errors
 from starlette.exceptions import HTTPException
 
-from functions.gateway import refusals
-from functions.gateway import openai_wire
+from functions.gateway import openai_wire, refusals
 from functions.gateway.openai_wire import error_body
 from functions.gateway.route_tree import leaf_routes
 from openrl_core.errors import NotFound, OpenRLError
@@ -50,7 +49,11 @@ STORE_UNAVAILABLE = (sql_errors.OperationalError, sql_errors.InterfaceError, sql
 
 
 def respond(
-    request: Request, status: int, detail: str, openai_code: Optional[str] = None, headers: Optional[dict[str, str]] = None
+    request: Request,
+    status: int,
+    detail: str,
+    openai_code: Optional[str] = None,
+    headers: Optional[dict[str, str]] = None,
 ) -> JSONResponse:
     body = error_body(status, detail, openai_code) if request.url.path.startswith(OPENAI_PREFIX) else {"detail": detail}
     return JSONResponse(body, status_code=status, headers=headers)

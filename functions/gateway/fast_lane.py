@@ -43,7 +43,6 @@ from functions.gateway import deps
 from functions.gateway.body_limit import BodyLimit
 from functions.gateway.route_tree import leaf_routes
 
-
 TELEMETRY_RECHECK_SECONDS = 1.0
 
 
@@ -76,7 +75,8 @@ def lane_routes(app: FastAPI) -> dict[str, LaneRoute]:
             and dependant.background_tasks_param_name is None
             and dependant.response_param_name is None
             and inspect.iscoroutinefunction(route.endpoint)
-            and [(d.call, d.name) for d in dependant.dependencies] == [(deps.get_ctx, "ctx"), (deps.get_tenant, "tenant")]
+            and [(d.call, d.name) for d in dependant.dependencies]
+            == [(deps.get_ctx, "ctx"), (deps.get_tenant, "tenant")]
         )
         if plain:
             table[path] = LaneRoute(route, dependant.request_param_name)
@@ -135,7 +135,9 @@ class GatewayApp(FastAPI):
             if isinstance(result, Response):
                 response = result
             else:
-                body = await serialize_response(field=taken.route.response_field, response_content=result, dump_json=True)
+                body = await serialize_response(
+                    field=taken.route.response_field, response_content=result, dump_json=True
+                )
                 response = Response(content=body, media_type="application/json")
         except Exception as exc:
             handler, last_resort = self._handler_for(exc)

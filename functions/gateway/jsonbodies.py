@@ -97,12 +97,17 @@ def _datum(index: int, datum: DatumJSON) -> Datum:
     tokens: list[int] = []
     for position, chunk in enumerate(datum.model_input.chunks):
         if chunk.type != "encoded_text":
-            raise InvalidRequest(f"data[{index}].model_input.chunks[{position}] is a {chunk.type!r} chunk; only text models are served")
+            raise InvalidRequest(
+                f"data[{index}].model_input.chunks[{position}] is a {chunk.type!r} chunk; only text models are served"
+            )
         if chunk.tokens is None:
-            raise InvalidRequest(f"data[{index}].model_input.chunks[{position}] is an encoded_text chunk without tokens")
+            raise InvalidRequest(
+                f"data[{index}].model_input.chunks[{position}] is an encoded_text chunk without tokens"
+            )
         tokens.extend(chunk.tokens)
     inputs = {
-        name: tensor_to_numpy(tensor, f"data[{index}].loss_fn_inputs[{name!r}]") for name, tensor in datum.loss_fn_inputs.items()
+        name: tensor_to_numpy(tensor, f"data[{index}].loss_fn_inputs[{name!r}]")
+        for name, tensor in datum.loss_fn_inputs.items()
     }
     return Datum(tokens_N=_int64(tokens, f"data[{index}].model_input"), loss_fn_inputs=inputs)
 
@@ -141,10 +146,11 @@ def _tensor(tensor: TensorData, where: str) -> np.ndarray:
     sparse = (tensor.sparse_crow_indices, tensor.sparse_col_indices)
     if any(part is not None for part in sparse):
         if None in sparse or tensor.shape is None:
-            raise InvalidRequest(f"{where} is sparse: it needs shape, sparse_crow_indices and sparse_col_indices together")
+            raise InvalidRequest(
+                f"{where} is sparse: it needs shape, sparse_crow_indices and sparse_col_indices together"
+            )
         return dense_from_csr(values, tensor.sparse_crow_indices, tensor.sparse_col_indices, tensor.shape)
     shape = tensor.shape if tensor.shape is not None else [values.size]
     if any(d < 0 for d in shape) or int(np.prod(shape)) != values.size:
         raise InvalidRequest(f"{where} has {values.size} values but shape {shape}")
     return values.reshape(shape)
-

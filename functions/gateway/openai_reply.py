@@ -24,8 +24,16 @@ from openrl_core.errors import OpenRLError
 class Reply:
     """Renders a job's choices as one OpenAI response, or as its stream of chunks."""
 
-    def __init__(self, request_id: str, model: str, codec: TextCodec, prompt_tokens: int, logprobs: Optional[int], chat: bool) -> None:
-        self.model, self.codec, self.prompt_tokens, self.logprobs, self.chat = model, codec, prompt_tokens, logprobs, chat
+    def __init__(
+        self, request_id: str, model: str, codec: TextCodec, prompt_tokens: int, logprobs: Optional[int], chat: bool
+    ) -> None:
+        self.model, self.codec, self.prompt_tokens, self.logprobs, self.chat = (
+            model,
+            codec,
+            prompt_tokens,
+            logprobs,
+            chat,
+        )
         # The first sample's request id, so an answer can be found in the event log.
         self.id = ("chatcmpl-" if chat else "cmpl-") + request_id.removeprefix("req-")
         self.created = int(time.time())
@@ -49,12 +57,25 @@ class Reply:
             logprobs = self._logprobs(choice, 0, len(choice.tokens), 0)
             if self.chat:
                 message = {"role": "assistant", "content": choice.text}
-                rendered.append({"index": index, "message": message, "logprobs": logprobs, "finish_reason": choice.finish_reason})
+                rendered.append(
+                    {"index": index, "message": message, "logprobs": logprobs, "finish_reason": choice.finish_reason}
+                )
             else:
-                rendered.append({"index": index, "text": choice.text, "logprobs": logprobs, "finish_reason": choice.finish_reason})
-        return {"id": self.id, "object": self.object, "created": self.created, "model": self.model, "choices": rendered, "usage": self.usage(choices)}
+                rendered.append(
+                    {"index": index, "text": choice.text, "logprobs": logprobs, "finish_reason": choice.finish_reason}
+                )
+        return {
+            "id": self.id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.model,
+            "choices": rendered,
+            "usage": self.usage(choices),
+        }
 
-    def chunk(self, index: int, piece: Optional[str], logprobs, finish_reason: Optional[str], first: bool = False) -> dict:
+    def chunk(
+        self, index: int, piece: Optional[str], logprobs, finish_reason: Optional[str], first: bool = False
+    ) -> dict:
         if self.chat:
             delta = {} if piece is None else ({"role": "assistant", "content": piece} if first else {"content": piece})
             choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
@@ -76,7 +97,16 @@ class Reply:
             out.append(self.chunk(index, None, None, choice.finish_reason))
         if include_usage:
             kind = "chat.completion.chunk" if self.chat else "text_completion"
-            out.append({"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": [], "usage": self.usage(choices)})
+            out.append(
+                {
+                    "id": self.id,
+                    "object": kind,
+                    "created": self.created,
+                    "model": self.model,
+                    "choices": [],
+                    "usage": self.usage(choices),
+                }
+            )
         return out
 
 

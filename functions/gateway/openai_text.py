@@ -65,7 +65,12 @@ class Completion:
 
 
 def finish(
-    tokens: list[int], logprobs: list[float], stop_reason: str, stops: Optional[list[str]], eos_ids: frozenset[int], decode: Decode
+    tokens: list[int],
+    logprobs: list[float],
+    stop_reason: str,
+    stops: Optional[list[str]],
+    eos_ids: frozenset[int],
+    decode: Decode,
 ) -> Completion:
     sampled = len(tokens)
     if stop_reason == "stop" and tokens and tokens[-1] in eos_ids:

@@ -138,6 +138,7 @@ class ChatCompletionRequest(SamplingArgs):
 
 # -- errors ---------------------------------------------------------------------------------
 
+
 class ModelNotFound(NotFound):
     """An unknown `model`: OpenAI's 404 with code `model_not_found`."""
 
@@ -155,7 +156,11 @@ def error_body(status: int, message: str, code: Optional[str] = None) -> dict[st
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def completion_logprobs(texts: list[str], logprobs: list[float], pieces: list[str], offset: int) -> dict[str, Any]:

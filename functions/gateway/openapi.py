@@ -79,10 +79,16 @@ REASONS = {
     "Retry-After header's seconds (a sequenced request with the same seq_id)",
     507: "The data disk is full: an event's payload or a blob could not be stored (nothing was kept); retry once space is freed",
 }
-RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer", "minimum": 0}}}
+RETRY_AFTER = {
+    "Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer", "minimum": 0}}
+}
 SECURITY_SCHEMES = {
     "ApiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key", "description": "a tenant's key (tml-...)"},
-    "Bearer": {"type": "http", "scheme": "bearer", "description": "the same key, as OpenAI clients send it (/v1/ routes)"},
+    "Bearer": {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "the same key, as OpenAI clients send it (/v1/ routes)",
+    },
 }
 HTTP_METHODS = ("get", "put", "post", "delete", "patch", "options", "head", "trace")
 
@@ -133,7 +139,9 @@ def _fastapi_description(app: FastAPI) -> dict[str, Any]:
 
 
 def _document(operation: dict, doc: Doc, components: dict, served: Served) -> None:
-    operation["security"] = ([{"Bearer": []}, {"ApiKey": []}] if doc.openai else [{"ApiKey": []}]) if doc.authenticated else []
+    operation["security"] = (
+        ([{"Bearer": []}, {"ApiKey": []}] if doc.openai else [{"ApiKey": []}]) if doc.authenticated else []
+    )
     _parameters(operation, doc)
     _request_body(operation, doc, components, served)
     _responses(operation, doc, components)
@@ -143,7 +151,9 @@ def _parameters(operation: dict, doc: Doc) -> None:
     known = {parameter["name"]: parameter for parameter in operation.get("parameters", [])}
     for name, schema in doc.params.items():
         if name not in known:
-            raise DescriptionError(f"{operation.get('operationId')}: documents parameter {name!r}, which the route does not take")
+            raise DescriptionError(
+                f"{operation.get('operationId')}: documents parameter {name!r}, which the route does not take"
+            )
         default = known[name].get("schema", {}).get("default")
         known[name]["schema"] = {**schema, **({"default": default} if default is not None else {})}
     for parameter in operation.get("parameters", []):

@@ -31,7 +31,12 @@ PAGE = {
     "offset": {"type": "integer", "minimum": 0, "maximum": rest_wire.MAX_OFFSET},
 }
 SCOPE = {"access_scope": {"type": "string", "enum": ["owned", "accessible"], "default": "owned"}}
-TTL = {"anyOf": [{"type": "integer", "minimum": rest_wire.MIN_TTL_SECONDS, "maximum": rest_wire.MAX_TTL_SECONDS}, {"type": "null"}]}
+TTL = {
+    "anyOf": [
+        {"type": "integer", "minimum": rest_wire.MIN_TTL_SECONDS, "maximum": rest_wire.MAX_TTL_SECONDS},
+        {"type": "null"},
+    ]
+}
 PROTOBUF = "application/x-protobuf"
 BINARY = {"type": "string", "format": "binary"}
 SEQUENCED = (404, 409, 410, 429)  # unknown model; seq_id reused with another body; cancelled run; over a quota
@@ -52,7 +57,12 @@ class Served:
 
 def only(value: Any, kind: str) -> dict:
     """An argument OpenAI has that this server takes only at its neutral value."""
-    return {"anyOf": [{"type": kind, "const": value} if kind != "object" else {"type": "object", "maxProperties": 0}, {"type": "null"}]}
+    return {
+        "anyOf": [
+            {"type": kind, "const": value} if kind != "object" else {"type": "object", "maxProperties": 0},
+            {"type": "null"},
+        ]
+    }
 
 
 # A tensor's values as its dtype holds them: int64 ones whole and inside the int64 range (a
@@ -72,7 +82,10 @@ TENSOR_RULES = [
 
 
 # A model input holding at least one token: some chunk has one.
-NONEMPTY_INPUT = {"allOf": [{"$ref": "#/components/schemas/ModelInput"}], "properties": {"chunks": {"contains": {"properties": {"tokens": {"minItems": 1}}}}}}
+NONEMPTY_INPUT = {
+    "allOf": [{"$ref": "#/components/schemas/ModelInput"}],
+    "properties": {"chunks": {"contains": {"properties": {"tokens": {"minItems": 1}}}}},
+}
 
 
 def create_model_rules(schema: dict, served: Served) -> None:
@@ -85,9 +98,16 @@ def create_model_rules(schema: dict, served: Served) -> None:
     props["user_metadata"] = {"anyOf": [{"type": "object", "properties": {FULL_FINETUNE_KEY: flag}}, {"type": "null"}]}
     full = {"required": ["user_metadata"], "properties": {"user_metadata": {"type": "object", "required": [FULL_FINETUNE_KEY],
             "properties": {FULL_FINETUNE_KEY: {"const": "true"}}}}}  # fmt: skip
-    every_weight = {"type": "object", "properties": {name: {"const": True} for name in ("train_attn", "train_mlp", "train_unembed")}}
+    every_weight = {
+        "type": "object",
+        "properties": {name: {"const": True} for name in ("train_attn", "train_mlp", "train_unembed")},
+    }
     schema["anyOf"] = [
-        {"required": ["lora_config"], "properties": {"lora_config": {"$ref": "#/components/schemas/LoraConfig"}}, "not": full},
+        {
+            "required": ["lora_config"],
+            "properties": {"lora_config": {"$ref": "#/components/schemas/LoraConfig"}},
+            "not": full,
+        },
         {**full, "properties": {**full["properties"], "lora_config": {"anyOf": [every_weight, {"type": "null"}]}}},
     ]
 
@@ -107,7 +127,10 @@ def asample_rules(schema: dict, served: Served) -> None:
         props[name] = {"const": 0, "default": 0}  # not offered yet
     props["target_prompt_logprobs"] = {"anyOf": [{"type": "object", "maxProperties": 0}, {"type": "null"}]}
     # prompt_logprobs_last_n needs prompt_logprobs (and at most the prompt's length - 1)
-    schema["if"] = {"required": ["prompt_logprobs_last_n"], "properties": {"prompt_logprobs_last_n": {"type": "integer"}}}
+    schema["if"] = {
+        "required": ["prompt_logprobs_last_n"],
+        "properties": {"prompt_logprobs_last_n": {"type": "integer"}},
+    }
     schema["then"] = {"required": ["prompt_logprobs"], "properties": {"prompt_logprobs": {"const": True},
                       "prompt_logprobs_last_n": {"minimum": 1}}}  # fmt: skip
 
@@ -117,7 +140,13 @@ def sampling_session_rules(schema: dict, served: Served) -> None:
     schema["anyOf"] = [
         {"required": ["base_model"], "properties": {"base_model": {"type": "string", "enum": served.names}}},
         # base_model, if given, is the checkpoint's (with one model served: that one)
-        {"required": ["model_path"], "properties": {"model_path": TINKER_PATH, "base_model": {"anyOf": [{"enum": served.names}, {"type": "null"}]}}},
+        {
+            "required": ["model_path"],
+            "properties": {
+                "model_path": TINKER_PATH,
+                "base_model": {"anyOf": [{"enum": served.names}, {"type": "null"}]},
+            },
+        },
     ]
     schema["properties"]["model_path"] = NULLABLE_TINKER_PATH
 
@@ -133,8 +162,14 @@ def load_weights_rules(schema: dict, served: Served) -> None:
     schema["properties"]["base_model"] = {"anyOf": [{"type": "string", "enum": served.names}, {"type": "null"}]}
     # Two addressings: a new model (session_id + model_seq_id) or in place (model_id + seq_id).
     schema["anyOf"] = [
-        {"required": ["session_id", "model_seq_id"], "properties": {"session_id": {"type": "string"}, "model_seq_id": {"type": "integer"}}},
-        {"required": ["model_id", "seq_id"], "properties": {"model_id": {"type": "string"}, "seq_id": {"type": "integer"}}},
+        {
+            "required": ["session_id", "model_seq_id"],
+            "properties": {"session_id": {"type": "string"}, "model_seq_id": {"type": "integer"}},
+        },
+        {
+            "required": ["model_id", "seq_id"],
+            "properties": {"model_id": {"type": "string"}, "seq_id": {"type": "integer"}},
+        },
     ]
 
 
@@ -155,7 +190,10 @@ def save_for_sampler_rules(schema: dict, served: Served) -> None:
     schema["properties"]["path"] = {"anyOf": [NAME_STR, {"type": "null"}]}
     schema["anyOf"] = [
         {"required": ["path"], "properties": {"path": NAME_STR}},
-        {"required": ["sampling_session_seq_id"], "properties": {"sampling_session_seq_id": {"type": "integer", "minimum": 0}}},
+        {
+            "required": ["sampling_session_seq_id"],
+            "properties": {"sampling_session_seq_id": {"type": "integer", "minimum": 0}},
+        },
     ]
 
 
@@ -188,7 +226,9 @@ def openai_common_rules(schema: dict, served: Served) -> None:
         props[name] = only(0, "number")
     props["logit_bias"] = only({}, "object")
     stop = {"type": "string", "minLength": 1}
-    props["stop"] = {"anyOf": [stop, {"type": "array", "items": stop, "maxItems": oai.MAX_STOP_SEQUENCES}, {"type": "null"}]}
+    props["stop"] = {
+        "anyOf": [stop, {"type": "array", "items": stop, "maxItems": oai.MAX_STOP_SEQUENCES}, {"type": "null"}]
+    }
 
 
 def completion_rules(schema: dict, served: Served) -> None:
@@ -227,7 +267,11 @@ def fork_rules() -> dict:
         "required": ["step"],
         "additionalProperties": False,
         "properties": {
-            "step": {"type": "integer", "minimum": 0, "description": "completed optim_steps to fork after (at most the run's)"},
+            "step": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "completed optim_steps to fork after (at most the run's)",
+            },
             "wait_seconds": {"type": "number", "minimum": 0, "maximum": FORK_MAX_WAIT, "default": 60},
         },
     }

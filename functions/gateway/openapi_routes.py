@@ -23,22 +23,49 @@ from pydantic import BaseModel
 from functions.gateway import jsonbodies
 from functions.gateway import openai_wire as oai
 from functions.gateway.openapi_bodies import (
-    BINARY, FB_INPUT, KIND, MODEL_ID, NAME, PAGE, PROTOBUF, RUN_ID, SCOPE, SEQUENCED, TINKER_PATH, TTL, Served, asample_rules,
-    cancel_run_rules, chat_rules, completion_rules, copy_weights_rules, create_model_rules, fork_rules, load_weights_rules,
-    sampling_session_rules, save_external_rules, save_for_sampler_rules, save_weights_rules, sequenced_rules,
+    BINARY,
+    FB_INPUT,
+    KIND,
+    MODEL_ID,
+    NAME,
+    PAGE,
+    PROTOBUF,
+    RUN_ID,
+    SCOPE,
+    SEQUENCED,
+    TINKER_PATH,
+    TTL,
+    Served,
+    asample_rules,
+    cancel_run_rules,
+    chat_rules,
+    completion_rules,
+    copy_weights_rules,
+    create_model_rules,
+    fork_rules,
+    load_weights_rules,
+    sampling_session_rules,
+    save_external_rules,
+    save_for_sampler_rules,
+    save_weights_rules,
+    sequenced_rules,
 )  # fmt: skip
 from functions.gateway.routes import rest_wire
 from functions.gateway.routes.openrl_live import MAX_HISTORY
-from functions.gateway.routes.openrl_runs import MAX_LIMIT, STATUSES, PREFIX as OPENRL
+from functions.gateway.routes.openrl_runs import MAX_LIMIT, STATUSES
+from functions.gateway.routes.openrl_runs import PREFIX as OPENRL
 from openrl_core.wire import base, futures, sampling, training
 from openrl_core.wire.futures import MAX_POSITION
+
 
 @dataclass(frozen=True)
 class Doc:
     errors: tuple[int, ...] = ()  # besides 400 (bad input), 401 (bad key) and 413 (body over the limit)
     body: Optional[type[BaseModel]] = None  # a JSON body the route reads by hand
     body_schema: Optional[Callable[[], dict]] = None  # a body no model describes
-    body_patch: Optional[Callable[[dict, "Served"], None]] = None  # the route's own checks, as schema (given what is served)
+    body_patch: Optional[Callable[[dict, "Served"], None]] = (
+        None  # the route's own checks, as schema (given what is served)
+    )
     body_required: bool = True
     protobuf_body: bool = False  # also takes application/x-protobuf
     params: dict[str, dict] = field(default_factory=dict)  # schema of hand-checked parameters
@@ -57,10 +84,19 @@ V1 = "/api/v1"
 CKPT = V1 + "/training_runs/{run_id}/checkpoints/{rest}"
 CKPT_ID = f"{KIND}/{NAME}"
 RUN_PARAM = {"run_id": {"type": "string", "pattern": f"^{RUN_ID}$"}}
+
+
 # An event stream's schema describes each event (OpenAPI 3.1): its `data`, and what it holds.
 def sse(data: dict, description: str) -> dict:
     properties = {"data": data, "id": {"type": "string"}, "event": {"type": "string"}}
-    return {"text/event-stream": {"type": "object", "required": ["data"], "properties": properties, "description": description}}
+    return {
+        "text/event-stream": {
+            "type": "object",
+            "required": ["data"],
+            "properties": properties,
+            "description": description,
+        }
+    }
 
 
 STREAM = sse({"type": "string", "minLength": 1}, "with stream: true, OpenAI chunks (JSON) ending data: [DONE]")
@@ -73,7 +109,10 @@ RUN_EVENT = {
         "time": {"type": "string"}, "fields": {"type": "object"},
     },
 }  # fmt: skip
-RUN_EVENTS = sse({"type": "string", "contentMediaType": "application/json", "contentSchema": RUN_EVENT}, "one stored event of the run each")
+RUN_EVENTS = sse(
+    {"type": "string", "contentMediaType": "application/json", "contentSchema": RUN_EVENT},
+    "one stored event of the run each",
+)
 NOT_OFFERED = Doc(errors=(404,), never_ok=True, store=False)
 
 ROUTES: dict[tuple[str, str], Doc] = {
@@ -86,41 +125,91 @@ ROUTES: dict[tuple[str, str], Doc] = {
     ("POST", V1 + "/create_session"): Doc(records=True),
     ("POST", V1 + "/session_heartbeat"): Doc(errors=(404, 410), records=True),
     ("POST", V1 + "/sessions/{session_id}/finish"): Doc(errors=(404,), records=True),
-    ("POST", V1 + "/create_model"): Doc(errors=(404, 409, 429), records=True, body=training.CreateModelRequest, body_patch=create_model_rules),
+    ("POST", V1 + "/create_model"): Doc(
+        errors=(404, 409, 429), records=True, body=training.CreateModelRequest, body_patch=create_model_rules
+    ),
     ("POST", V1 + "/get_info"): Doc(errors=(404, 410)),
-    ("POST", V1 + "/load_weights"): Doc(errors=SEQUENCED, records=True, body=training.LoadWeightsRequest, body_patch=load_weights_rules),
-    ("POST", V1 + "/forward_backward"): Doc(errors=SEQUENCED, records=True, body=jsonbodies.ForwardBackwardRequest, body_patch=sequenced_rules, protobuf_body=True,
-                                                   example={"model_id": MODEL_ID, "seq_id": 1, "forward_backward_input": FB_INPUT}),
-    ("POST", V1 + "/forward"): Doc(errors=SEQUENCED, records=True, body=jsonbodies.ForwardRequest, body_patch=sequenced_rules,
-                                          example={"model_id": MODEL_ID, "seq_id": 1, "forward_input": FB_INPUT}),
+    ("POST", V1 + "/load_weights"): Doc(
+        errors=SEQUENCED, records=True, body=training.LoadWeightsRequest, body_patch=load_weights_rules
+    ),
+    ("POST", V1 + "/forward_backward"): Doc(
+        errors=SEQUENCED,
+        records=True,
+        body=jsonbodies.ForwardBackwardRequest,
+        body_patch=sequenced_rules,
+        protobuf_body=True,
+        example={"model_id": MODEL_ID, "seq_id": 1, "forward_backward_input": FB_INPUT},
+    ),
+    ("POST", V1 + "/forward"): Doc(
+        errors=SEQUENCED,
+        records=True,
+        body=jsonbodies.ForwardRequest,
+        body_patch=sequenced_rules,
+        example={"model_id": MODEL_ID, "seq_id": 1, "forward_input": FB_INPUT},
+    ),
     ("POST", V1 + "/optim_step"): Doc(errors=SEQUENCED, records=True, body=training.OptimStepRequest),
-    ("POST", V1 + "/save_weights"): Doc(errors=SEQUENCED, records=True, body=training.SaveWeightsRequest, body_patch=save_weights_rules),
-    ("POST", V1 + "/save_weights_for_sampler"): Doc(errors=SEQUENCED, records=True, body=training.SaveWeightsForSamplerRequest, body_patch=save_for_sampler_rules),
-    ("POST", V1 + "/save_weights_external"): Doc(errors=SEQUENCED, records=True, body=rest_wire.SaveWeightsExternalRequest, body_patch=save_external_rules),
-    ("POST", V1 + "/create_sampling_session"): Doc(errors=(404, 409), records=True, body=sampling.CreateSamplingSessionRequest, body_patch=sampling_session_rules),
+    ("POST", V1 + "/save_weights"): Doc(
+        errors=SEQUENCED, records=True, body=training.SaveWeightsRequest, body_patch=save_weights_rules
+    ),
+    ("POST", V1 + "/save_weights_for_sampler"): Doc(
+        errors=SEQUENCED, records=True, body=training.SaveWeightsForSamplerRequest, body_patch=save_for_sampler_rules
+    ),
+    ("POST", V1 + "/save_weights_external"): Doc(
+        errors=SEQUENCED, records=True, body=rest_wire.SaveWeightsExternalRequest, body_patch=save_external_rules
+    ),
+    ("POST", V1 + "/create_sampling_session"): Doc(
+        errors=(404, 409), records=True, body=sampling.CreateSamplingSessionRequest, body_patch=sampling_session_rules
+    ),
     ("GET", V1 + "/samplers/{sampling_session_id}"): Doc(errors=(404,)),
-    ("POST", V1 + "/asample"): Doc(errors=SEQUENCED, records=True, body=sampling.SampleRequest, body_patch=asample_rules),
+    ("POST", V1 + "/asample"): Doc(
+        errors=SEQUENCED, records=True, body=sampling.SampleRequest, body_patch=asample_rules
+    ),
     # 200: the result (JSON, or protobuf for forward_backward and sample results when the
     # Accept header asks for it); 408: not finished within the long-poll window (try_again).
-    ("POST", V1 + "/retrieve_future"): Doc(errors=(404, 408, 410), body=base.FutureRetrieveRequest, ok_content={PROTOBUF: BINARY}),
-    ("POST", V1 + "/retrieve_futures"): Doc(errors=(404,), body=futures.FuturesRetrieveRequest, ok_schema=futures.FuturesRetrieveResponse),
+    ("POST", V1 + "/retrieve_future"): Doc(
+        errors=(404, 408, 410), body=base.FutureRetrieveRequest, ok_content={PROTOBUF: BINARY}
+    ),
+    ("POST", V1 + "/retrieve_futures"): Doc(
+        errors=(404,), body=futures.FuturesRetrieveRequest, ok_schema=futures.FuturesRetrieveResponse
+    ),
     ("POST", V1 + "/cancel_future"): Doc(errors=(404,), records=True, body=futures.CancelFutureRequest),
     ("GET", V1 + "/training_runs"): Doc(params={**PAGE, **SCOPE}),
     ("GET", V1 + "/training_runs/{run_id}"): Doc(errors=(404,), params=SCOPE),
-    ("POST", V1 + "/weights_info"): Doc(errors=(404,), body_patch=lambda s, _served: s["properties"].update(tinker_path=TINKER_PATH)),
+    ("POST", V1 + "/weights_info"): Doc(
+        errors=(404,), body_patch=lambda s, _served: s["properties"].update(tinker_path=TINKER_PATH)
+    ),
     ("GET", V1 + "/sessions"): Doc(params={**PAGE, **SCOPE}),
     ("GET", V1 + "/sessions/{session_id}"): Doc(errors=(404,), params=SCOPE),
     ("GET", V1 + "/training_runs/{run_id}/checkpoints"): Doc(errors=(404,)),
     ("GET", V1 + "/checkpoints"): Doc(params=PAGE),
-    ("DELETE", CKPT): Doc(errors=(404,), records=True, params={**RUN_PARAM, "rest": {"type": "string", "pattern": f"^{CKPT_ID}(/publish)?$"}}),
-    ("POST", CKPT): Doc(errors=(404,), records=True, params={**RUN_PARAM, "rest": {"type": "string", "pattern": f"^{CKPT_ID}/publish$"}}),
-    ("PUT", CKPT): Doc(errors=(404,), records=True, params={**RUN_PARAM, "rest": {"type": "string", "pattern": f"^{CKPT_ID}/ttl$"}},
-                       body_patch=lambda s, _served: s["properties"].update(ttl_seconds=TTL)),  # fmt: skip
-    ("GET", CKPT): Doc(errors=(404,), params={**RUN_PARAM, "rest": {"type": "string", "pattern": f"^external_weights/{NAME}/external_weights_urls$"}}),
-    ("POST", V1 + "/copy_weights"): Doc(errors=(404, 409, 429), records=True, body=rest_wire.CopyWeightsRequest, body_patch=copy_weights_rules),
+    ("DELETE", CKPT): Doc(
+        errors=(404,),
+        records=True,
+        params={**RUN_PARAM, "rest": {"type": "string", "pattern": f"^{CKPT_ID}(/publish)?$"}},
+    ),
+    ("POST", CKPT): Doc(
+        errors=(404,), records=True, params={**RUN_PARAM, "rest": {"type": "string", "pattern": f"^{CKPT_ID}/publish$"}}
+    ),
+    ("PUT", CKPT): Doc(
+        errors=(404,),
+        records=True,
+        params={**RUN_PARAM, "rest": {"type": "string", "pattern": f"^{CKPT_ID}/ttl$"}},
+        body_patch=lambda s, _served: s["properties"].update(ttl_seconds=TTL),
+    ),  # fmt: skip
+    ("GET", CKPT): Doc(
+        errors=(404,),
+        params={**RUN_PARAM, "rest": {"type": "string", "pattern": f"^external_weights/{NAME}/external_weights_urls$"}},
+    ),
+    ("POST", V1 + "/copy_weights"): Doc(
+        errors=(404, 409, 429), records=True, body=rest_wire.CopyWeightsRequest, body_patch=copy_weights_rules
+    ),
     # A signed link is its own authorisation: 403 for a bad signature, 410 once expired or deleted.
     ("GET", V1 + "/downloads/{tenant}/{sha256}/{filename}"): Doc(
-        errors=(403, 410), authenticated=False, ok_content={"application/octet-stream": BINARY}, ok_not_json=True, store=False
+        errors=(403, 410),
+        authenticated=False,
+        ok_content={"application/octet-stream": BINARY},
+        ok_not_json=True,
+        store=False,
     ),
     ("GET", V1 + "/billing/usage/events"): NOT_OFFERED,
     ("GET", V1 + "/billing/usage/checkpoints/current"): NOT_OFFERED,
@@ -131,15 +220,40 @@ ROUTES: dict[tuple[str, str], Doc] = {
     # OpenAI-compatible: 500 when the sampler fails a sample for a server-side reason.
     ("GET", "/v1/models"): Doc(openai=True),
     ("GET", "/v1/models/{model}"): Doc(errors=(404,), openai=True),
-    ("POST", "/v1/completions"): Doc(errors=(404, 409, 429, 500), records=True, body=oai.CompletionRequest, body_patch=completion_rules, ok_content=STREAM, openai=True),
-    ("POST", "/v1/chat/completions"): Doc(errors=(404, 409, 429, 500), records=True, body=oai.ChatCompletionRequest, body_patch=chat_rules, ok_content=STREAM, openai=True),
+    ("POST", "/v1/completions"): Doc(
+        errors=(404, 409, 429, 500),
+        records=True,
+        body=oai.CompletionRequest,
+        body_patch=completion_rules,
+        ok_content=STREAM,
+        openai=True,
+    ),
+    ("POST", "/v1/chat/completions"): Doc(
+        errors=(404, 409, 429, 500),
+        records=True,
+        body=oai.ChatCompletionRequest,
+        body_patch=chat_rules,
+        ok_content=STREAM,
+        openai=True,
+    ),
     # OpenRL's own API.
-    ("GET", OPENRL + "/runs"): Doc(params={**PAGE, "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}, "status": {"type": "string", "enum": list(STATUSES)}}),
+    ("GET", OPENRL + "/runs"): Doc(
+        params={
+            **PAGE,
+            "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT},
+            "status": {"type": "string", "enum": list(STATUSES)},
+        }
+    ),
     ("GET", OPENRL + "/runs/{run_id}"): Doc(errors=(404,)),
     ("GET", OPENRL + "/runs/{run_id}/metrics"): Doc(
-        errors=(404,), params={"after_step": {"type": "integer", "minimum": 0, "maximum": MAX_POSITION}}, ok_content={"application/x-ndjson": {"type": "string"}}, ok_not_json=True
+        errors=(404,),
+        params={"after_step": {"type": "integer", "minimum": 0, "maximum": MAX_POSITION}},
+        ok_content={"application/x-ndjson": {"type": "string"}},
+        ok_not_json=True,
     ),
-    ("POST", OPENRL + "/runs/{run_id}/cancel"): Doc(errors=(404, 409), records=True, body_schema=cancel_run_rules, body_required=False),
+    ("POST", OPENRL + "/runs/{run_id}/cancel"): Doc(
+        errors=(404, 409), records=True, body_schema=cancel_run_rules, body_required=False
+    ),
     ("GET", OPENRL + "/checkpoints"): Doc(errors=(404,)),
     ("GET", OPENRL + "/checkpoints/archive"): Doc(
         errors=(404, 410), params={"path": TINKER_PATH}, ok_content={"application/x-tar": BINARY}, ok_not_json=True
@@ -147,9 +261,12 @@ ROUTES: dict[tuple[str, str], Doc] = {
     ("DELETE", OPENRL + "/checkpoints"): Doc(errors=(404,), records=True, params={"path": TINKER_PATH}),
     ("GET", OPENRL + "/runs/{run_id}/events"): Doc(
         errors=(404,),
-        params={"after": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": MAX_POSITION}, {"type": "null"}]},
-                "history": {"type": "integer", "minimum": 0, "maximum": MAX_HISTORY}},
-        ok_content=RUN_EVENTS, ok_not_json=True,
+        params={
+            "after": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": MAX_POSITION}, {"type": "null"}]},
+            "history": {"type": "integer", "minimum": 0, "maximum": MAX_HISTORY},
+        },
+        ok_content=RUN_EVENTS,
+        ok_not_json=True,
     ),  # fmt: skip
     ("GET", OPENRL + "/runs/{run_id}/sampling"): Doc(errors=(404,)),
     # 413 also for a body over the route's own 4 KiB; 409: nothing to fork, or a key reused for another step.
@@ -158,5 +275,7 @@ ROUTES: dict[tuple[str, str], Doc] = {
     # The dashboard's static files (left out of the description: no API there).
     ("GET", "/dashboard"): Doc(authenticated=False, store=False),
     ("GET", "/dashboard/{name}"): Doc(errors=(404,), authenticated=False, store=False),
-    ("GET", OPENRL + "/sessions"): Doc(params={**PAGE, "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}}),
+    ("GET", OPENRL + "/sessions"): Doc(
+        params={**PAGE, "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}}
+    ),
 }

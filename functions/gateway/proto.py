@@ -20,7 +20,11 @@ from openrl_core.datum import Datum
 from openrl_core.errors import InvalidRequest
 from openrl_core.tensors import Array, dense_from_csr
 
-_DTYPES = {pb.DTYPE["DTYPE_FLOAT32"]: np.dtype("<f4"), pb.DTYPE["DTYPE_INT64"]: np.dtype("<i8"), pb.DTYPE["DTYPE_INT32"]: np.dtype("<i4")}
+_DTYPES = {
+    pb.DTYPE["DTYPE_FLOAT32"]: np.dtype("<f4"),
+    pb.DTYPE["DTYPE_INT64"]: np.dtype("<i8"),
+    pb.DTYPE["DTYPE_INT32"]: np.dtype("<i4"),
+}
 TOPK_PAD_LOGPROB = -99999.0
 
 
@@ -63,13 +67,18 @@ def _datum(index: int, datum) -> Datum:
     for chunk in datum.model_input:
         kind = chunk.WhichOneof("chunk")
         if kind != "encoded_text":
-            raise InvalidRequest(f"data[{index}].model_input has a {kind or 'empty'} chunk; only text models are served")
+            raise InvalidRequest(
+                f"data[{index}].model_input has a {kind or 'empty'} chunk; only text models are served"
+            )
         raw = chunk.encoded_text.tokens
         if len(raw) % 4:
             raise InvalidRequest(f"data[{index}].model_input token bytes are not a whole number of int32 values")
         pieces.append(np.frombuffer(raw, dtype="<i4"))
     tokens = np.concatenate(pieces).astype(np.int64) if pieces else np.zeros(0, dtype=np.int64)
-    inputs = {name: tensor_to_numpy(tensor, f"data[{index}].loss_fn_inputs[{name!r}]") for name, tensor in datum.loss_fn_inputs.items()}
+    inputs = {
+        name: tensor_to_numpy(tensor, f"data[{index}].loss_fn_inputs[{name!r}]")
+        for name, tensor in datum.loss_fn_inputs.items()
+    }
     return Datum(tokens_N=tokens, loss_fn_inputs=inputs)
 
 
@@ -106,7 +115,9 @@ def encode_forward_backward_output(result: dict[str, Any]) -> bytes:
     output = pb.ForwardBackwardOutput(loss_fn_output_type=result.get("loss_fn_output_type", "ArrayRecord"))
     for key, value in result.get("metrics", {}).items():
         output.metrics[key] = float(value)
-    outputs = [{name: Array.model_validate(a).to_numpy() for name, a in datum.items()} for datum in result["loss_fn_outputs"]]
+    outputs = [
+        {name: Array.model_validate(a).to_numpy() for name, a in datum.items()} for datum in result["loss_fn_outputs"]
+    ]
     for run in _runs_of_same_layout(outputs):
         record = output.loss_fn_outputs.add(type_tag="ArrayRecord", num_datums=len(run))
         for name in run[0]:
@@ -171,7 +182,11 @@ def forward_backward_output_json(result: dict[str, Any]) -> dict[str, Any]:
             flat = array.ravel().astype(dtype).tolist()
             converted[name] = {"data": flat, "dtype": dtype, "shape": list(array.shape)}
         outputs.append(converted)
-    return {"loss_fn_output_type": result.get("loss_fn_output_type", "ArrayRecord"), "loss_fn_outputs": outputs, "metrics": result.get("metrics", {})}
+    return {
+        "loss_fn_output_type": result.get("loss_fn_output_type", "ArrayRecord"),
+        "loss_fn_outputs": outputs,
+        "metrics": result.get("metrics", {}),
+    }
 
 
 def sample_response_json(result: dict[str, Any]) -> dict[str, Any]:

@@ -17,8 +17,8 @@ from typing import Optional
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
-from functions.gateway.context import SOURCE, GatewayContext
 from functions.gateway import openai_wire
+from functions.gateway.context import SOURCE, GatewayContext
 from functions.gateway.deps import bearer_or_api_key
 from openrl_core.errors import NotFound, NotOffered
 from openrl_core.events import new_event
@@ -50,7 +50,9 @@ async def record(request: Request, exc: NotFound) -> None:
     if tenant is None:
         return
     route = getattr(request.scope.get("route"), "path", None) or request.url.path
-    payload = LookupRefused(method=request.method, route=route, path=_short(request.url.path), reason=_short(exc.detail))
+    payload = LookupRefused(
+        method=request.method, route=route, path=_short(request.url.path), reason=_short(exc.detail)
+    )
     event = new_event(LOOKUP_REFUSED, payload, tenant=tenant, source=SOURCE, subject=route)
     try:
         await run_in_threadpool(request.app.state.ctx.emit, event)

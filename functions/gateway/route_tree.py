@@ -17,6 +17,8 @@ def leaf_routes(routes: list[BaseRoute], prefix: str = "") -> Iterator[tuple[str
     for route in routes:
         branch = getattr(route, "original_router", None)
         if branch is not None:
-            yield from leaf_routes(branch.routes, prefix + getattr(getattr(route, "include_context", None), "prefix", ""))
+            yield from leaf_routes(
+                branch.routes, prefix + getattr(getattr(route, "include_context", None), "prefix", "")
+            )
         else:
             yield prefix, route

@@ -129,7 +129,17 @@ def submit_sequenced(
         quotas.check_fits_at_all(ctx, tenant, quotas.cost_of(payload))
     except UserError as refused:
         return refuse(ctx, tenant, model_id, base_model, seq_id, dedup, refused, stream)
-    return submit(ctx, tenant, event_type, payload, stream=stream, base_model=base_model, key=model_id, dedup=dedup, model_id=model_id)
+    return submit(
+        ctx,
+        tenant,
+        event_type,
+        payload,
+        stream=stream,
+        base_model=base_model,
+        key=model_id,
+        dedup=dedup,
+        model_id=model_id,
+    )
 
 
 def submit(
@@ -172,7 +182,14 @@ def submit(
 
 
 def refuse(
-    ctx: GatewayContext, tenant: str, model_id: str, base_model: str, seq_id: int, dedup: Dedup, refused: UserError, stream: str = "training"
+    ctx: GatewayContext,
+    tenant: str,
+    model_id: str,
+    base_model: str,
+    seq_id: int,
+    dedup: Dedup,
+    refused: UserError,
+    stream: str = "training",
 ) -> "Later":
     """Record the refusal under the submission's identity and tell the trainer to skip it;
     then raise `refused` (inside `submitting`: a Later that raises it once the skip is stored)."""
@@ -190,7 +207,9 @@ def refuse(
     raise refused
 
 
-def _deferred(ctx: GatewayContext, event, topic: str, dedup: Optional[Dedup], finish: Callable[[object], T]) -> Optional[Later[T]]:
+def _deferred(
+    ctx: GatewayContext, event, topic: str, dedup: Optional[Dedup], finish: Callable[[object], T]
+) -> Optional[Later[T]]:
     """Inside `submitting`: queue the append with the appender's writer and return the Later
     the route answers with (one per call); elsewhere None, and the caller appends itself."""
     loop = getattr(_deferring, "loop", None)

@@ -40,7 +40,9 @@ TOKEN_LABELS = ["tenant", "base_model"]
 
 
 class Metrics:
-    def __init__(self, state: MetricsState, path: Optional[Path] = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, state: MetricsState, path: Optional[Path] = None, clock: Callable[[], float] = time.time
+    ) -> None:
         self.state = state
         self.path = Path(path) if path is not None else None
         self.clock = clock  # wall time, for the tokens-per-second window at scrape time
@@ -115,9 +117,14 @@ class _Collector:
                 _counter("openrl_requests", "Requests submitted (…requested events)", REQUEST_LABELS, state.requested),
                 _counter("openrl_requests_completed", "Requests completed", REQUEST_LABELS, state.completed),
                 _counter(
-                    "openrl_requests_failed", "Requests failed, by error category", [*REQUEST_LABELS, "category"], state.failed
+                    "openrl_requests_failed",
+                    "Requests failed, by error category",
+                    [*REQUEST_LABELS, "category"],
+                    state.failed,
                 ),
-                _counter("openrl_requests_cancelled", "Requests cancelled before they ran", REQUEST_LABELS, state.cancelled),
+                _counter(
+                    "openrl_requests_cancelled", "Requests cancelled before they ran", REQUEST_LABELS, state.cancelled
+                ),
                 _latency(state),
                 _gauge("openrl_queue_depth", "Requests submitted and not yet finished", REQUEST_LABELS, state.depth),
             ]
@@ -129,10 +136,16 @@ class _Collector:
                 families.append(_counter(f"openrl_{name}_tokens", f"Tokens: {what}", TOKEN_LABELS, totals))
                 window = f"{state.rate_window:g} s"
                 families.append(
-                    _gauge(f"openrl_{name}_tokens_per_second", f"Tokens per second over the last {window}: {what}",
-                           TOKEN_LABELS, per_second)  # fmt: skip
+                    _gauge(
+                        f"openrl_{name}_tokens_per_second",
+                        f"Tokens per second over the last {window}: {what}",
+                        TOKEN_LABELS,
+                        per_second,
+                    )  # fmt: skip
                 )
-            families.append(_counter("openrl_events", "Events seen, by family.verb.phase", ["tenant", "type"], state.events))
+            families.append(
+                _counter("openrl_events", "Events seen, by family.verb.phase", ["tenant", "type"], state.events)
+            )
             redeliveries = CounterMetricFamily("openrl_metrics_redeliveries", "Events delivered again and ignored")
             redeliveries.add_metric([], state.duplicates)
             families.append(redeliveries)

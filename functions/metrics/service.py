@@ -63,12 +63,16 @@ class MetricsService:
         self.host, self.port = host, port
         self.checkpoint_seconds = checkpoint_seconds
         self.group = f"openrl-metrics-{metrics.state.epoch}"
-        self.consumer = bus.consumer(self.group, pattern=topics.everything(), from_beginning=True, instance_id=instance_id)
+        self.consumer = bus.consumer(
+            self.group, pattern=topics.everything(), from_beginning=True, instance_id=instance_id
+        )
         self._last_save = time.monotonic()
         self._server = None
 
     @classmethod
-    def from_settings(cls, bus: EventBus, codec: Codec, settings: Settings, instance_id: Optional[str] = None) -> "MetricsService":
+    def from_settings(
+        cls, bus: EventBus, codec: Codec, settings: Settings, instance_id: Optional[str] = None
+    ) -> "MetricsService":
         return cls(
             bus, codec, load_metrics(settings), host=settings.metrics_host, port=settings.metrics_port,
             checkpoint_seconds=settings.metrics_checkpoint_seconds, instance_id=instance_id,
@@ -85,9 +89,13 @@ class MetricsService:
             try:
                 events.append(self.codec.decode(record.message))
             except Exception:  # a poison record must not stop the counting of every other
-                log.exception("metrics: undecodable record %s/%s@%s skipped", record.topic, record.partition, record.offset)
+                log.exception(
+                    "metrics: undecodable record %s/%s@%s skipped", record.topic, record.partition, record.offset
+                )
         self.metrics.ingest(events)
-        if self.metrics.unsaved and (self.metrics.save_due() or time.monotonic() - self._last_save >= self.checkpoint_seconds):
+        if self.metrics.unsaved and (
+            self.metrics.save_due() or time.monotonic() - self._last_save >= self.checkpoint_seconds
+        ):
             self.checkpoint()
         return len(records)
 
@@ -131,7 +139,9 @@ class MetricsService:
 class MetricsFunction:
     """func-python shape: handle(scope, receive, send) plus start/stop/alive/ready."""
 
-    def __init__(self, metrics: Optional[Metrics] = None, codec: Optional[Codec] = None, checkpoint_seconds: float = 5.0) -> None:
+    def __init__(
+        self, metrics: Optional[Metrics] = None, codec: Optional[Codec] = None, checkpoint_seconds: float = 5.0
+    ) -> None:
         self.metrics = metrics
         self.codec = codec
         self.checkpoint_seconds = checkpoint_seconds

@@ -106,7 +106,11 @@ class IdWindow:
 
 class MetricsState:
     def __init__(
-        self, dedup_window: int = 100_000, rate_window: float = 60.0, max_models: int = 100_000, max_early: int = 100_000
+        self,
+        dedup_window: int = 100_000,
+        rate_window: float = 60.0,
+        max_models: int = 100_000,
+        max_early: int = 100_000,
     ) -> None:
         # The lineage of this state: the service names its consumer group after it, so
         # committed offsets always belong to the state that saw the records before them.
@@ -278,7 +282,9 @@ class MetricsState:
             "latency": [[*key, h.counts, h.sum] for key, h in self.latency.items()],
             "recent_tokens": [list(row) for row in self.recent_tokens],
             "open": {rid: [o.tenant, o.base_model, o.type, o.requested_at, o.tokens] for rid, o in self.open.items()},
-            "early": [[rid, f.tenant, f.key, f.verb, f.outcome, f.category, f.at, f.sampled] for rid, f in self.early.items()],
+            "early": [
+                [rid, f.tenant, f.key, f.verb, f.outcome, f.category, f.at, f.sampled] for rid, f in self.early.items()
+            ],
             "settled": list(self.settled.order),
             "models": list(self.models.items()),
             "seen": list(self.seen.order),
@@ -287,7 +293,9 @@ class MetricsState:
         }
 
     @classmethod
-    def from_json(cls, saved: dict[str, Any], dedup_window: int, rate_window: float, max_models: int = 100_000) -> "MetricsState":
+    def from_json(
+        cls, saved: dict[str, Any], dedup_window: int, rate_window: float, max_models: int = 100_000
+    ) -> "MetricsState":
         if saved.get("version") != VERSION:
             raise ValueError(f"metrics state version {saved.get('version')!r}, expected {VERSION}")
         state = cls(dedup_window, rate_window, max_models)

@@ -184,7 +184,9 @@ class SamplerEngine:
             for seqs, plp, tlp in zip(sequences, prompt_lps, topk_lps)
         ]
 
-    def _forward(self, input_ids, attention_mask, position_ids, cache, adapters: list[Optional[str]], logits_to_keep: int):
+    def _forward(
+        self, input_ids, attention_mask, position_ids, cache, adapters: list[Optional[str]], logits_to_keep: int
+    ):
         """Logits of one pass; row i with the adapter `adapters[i]` (None: the base model)."""
         kwargs = dict(
             input_ids=input_ids,
@@ -272,7 +274,9 @@ class SamplerEngine:
         cache = DynamicCache(config=self._model.config)  # the config gives sliding-window layers their kind
         device = self.device
         mask_P_L = mask_P_L.to(device)
-        logits_P_C_V = self._forward(input_ids_P_L.to(device), mask_P_L, positions_P_L.to(device), cache, adapters, keep)
+        logits_P_C_V = self._forward(
+            input_ids_P_L.to(device), mask_P_L, positions_P_L.to(device), cache, adapters, keep
+        )
         for i in wants:
             job_index = pieces[i].job
             prompt_lps[job_index], topk_lps[job_index] = self._prompt_logprobs(jobs[job_index], logits_P_C_V[i])

@@ -94,7 +94,9 @@ class LoraAdapters:
         halves = self._weights(key, files[WEIGHTS_FILE])
         missing = sorted(f"base_model.model.{path}.lora_{half}.weight" for path in targets for half in "AB"
                          if (path, half) not in halves)  # fmt: skip
-        unexpected = sorted(f"base_model.model.{path}.lora_{half}.weight" for path, half in halves if path not in targets)
+        unexpected = sorted(
+            f"base_model.model.{path}.lora_{half}.weight" for path, half in halves if path not in targets
+        )
         if missing or unexpected:
             # Keys that match no layer would otherwise load as a silent no-op.
             raise InvalidRequest(
@@ -104,7 +106,10 @@ class LoraAdapters:
         for path in sorted(targets):
             linear = self._linears[path]
             down, up = halves[(path, "A")], halves[(path, "B")]
-            for name, tensor, shape in (("A", down, (rank, linear.in_features)), ("B", up, (linear.out_features, rank))):
+            for name, tensor, shape in (
+                ("A", down, (rank, linear.in_features)),
+                ("B", up, (linear.out_features, rank)),
+            ):
                 if tuple(tensor.shape) != shape:
                     raise InvalidRequest(
                         f"adapter {key!r} does not fit {self.model_name}: base_model.model.{path}.lora_{name}.weight "

@@ -290,13 +290,17 @@ class VllmEngine:
         rules = [StopRule.from_params(job.params, self.eos_token_ids) for job in jobs]
         requests = [self._request(job, rule, row) for job, rule in zip(jobs, rules) for row in range(job.num_samples)]
         answers = iter(self._call("sample", requests=requests))
-        return [self._result(job, rule, [next(answers) for _ in range(job.num_samples)]) for job, rule in zip(jobs, rules)]
+        return [
+            self._result(job, rule, [next(answers) for _ in range(job.num_samples)]) for job, rule in zip(jobs, rules)
+        ]
 
     # ------------------------------------------------------------------ mapping
 
     def _request(self, job: SampleJob, rule: StopRule, row: int) -> dict:
         params = job.params
-        max_tokens = params.max_tokens if params.max_tokens is not None else self.files.max_context - len(job.prompt_tokens)
+        max_tokens = (
+            params.max_tokens if params.max_tokens is not None else self.files.max_context - len(job.prompt_tokens)
+        )
         wants_prompt = (job.prompt_logprobs or job.topk_prompt_logprobs > 0) and row == 0
         return {
             "prompt": list(job.prompt_tokens),

@@ -174,7 +174,10 @@ class Server:
         outputs: list = [None] * len(requests)
         for group in [[i] for i in alone] + ([together] if together else []):
             done = self.llm.generate(
-                [prompts[i] for i in group], [params[i] for i in group], lora_request=[loras[i] for i in group], use_tqdm=False
+                [prompts[i] for i in group],
+                [params[i] for i in group],
+                lora_request=[loras[i] for i in group],
+                use_tqdm=False,
             )
             for i, output in zip(group, done):
                 outputs[i] = output
@@ -219,7 +222,12 @@ def _answer(output, request: dict) -> dict:
             None if entry is None else [[int(t), lp.logprob, lp.rank] for t, lp in entry.items()]
             for entry in output.prompt_logprobs
         ]
-    return {"tokens": tokens, "logprobs": logprobs, "finish_reason": completion.finish_reason, "prompt_logprobs": prompt}
+    return {
+        "tokens": tokens,
+        "logprobs": logprobs,
+        "finish_reason": completion.finish_reason,
+        "prompt_logprobs": prompt,
+    }
 
 
 def main() -> int:

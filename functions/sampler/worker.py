@@ -140,7 +140,9 @@ class SamplerWorker:
         while len(records) < self.max_batch_rows:
             now = time.monotonic()
             waiting = self.cohort.waits(self._members(events), now, deadline)
-            more = self.consumer.poll(max_records=self.max_batch_rows - len(records), timeout=(deadline - now) if waiting else self.linger)
+            more = self.consumer.poll(
+                max_records=self.max_batch_rows - len(records), timeout=(deadline - now) if waiting else self.linger
+            )
             if not more and not waiting:
                 break
             records = records + more
@@ -202,7 +204,9 @@ class SamplerWorker:
             try:
                 event = self.publisher.codec.decode(record.message)
             except Exception:
-                log.exception("sampler: undecodable record %s/%s@%s skipped", record.topic, record.partition, record.offset)
+                log.exception(
+                    "sampler: undecodable record %s/%s@%s skipped", record.topic, record.partition, record.offset
+                )
                 continue
             if event.type == SAMPLE["requested"]:
                 self.cohort.saw(_member(event), now)
@@ -218,7 +222,9 @@ class SamplerWorker:
         if key not in self._engines:
             engine = self._make_engine(self.models.files(base_model), share=self.share_base)
             # The base weights (and the adapters on them) stay resident: this job never parks.
-            self.slicer.register(self._base_job(key), engine.weight_bytes, self.slicer_device, parkable=False, resident=True)
+            self.slicer.register(
+                self._base_job(key), engine.weight_bytes, self.slicer_device, parkable=False, resident=True
+            )
             self._engines[key] = engine
         return self._engines[key]
 
@@ -290,7 +296,9 @@ class SamplerWorker:
                 self._fail(event, exc)
             return
         # A batch's completions go to the log in one append (one fsync for the whole batch).
-        self.publisher.publish_many([self._completion(event, result, lease) for (event, _job), result in zip(jobs, results)])
+        self.publisher.publish_many(
+            [self._completion(event, result, lease) for (event, _job), result in zip(jobs, results)]
+        )
 
     def _run_full(self, base_model: str, run_key: str, manifest: dict, jobs, keep: set[str]) -> None:
         files = self.models.files(base_model)
@@ -301,7 +309,9 @@ class SamplerWorker:
                 self.slicer.unregister(self._run_job(old))
             # grouped with the run's trainer job: a run's step (train, publish, sample) stays together
             group = run_key.split(":", 1)[1]
-            self.slicer.register(job_name, parameter_count(files) * 4, self.slicer_device, parkable=True, resident=False, group=group)
+            self.slicer.register(
+                job_name, parameter_count(files) * 4, self.slicer_device, parkable=True, resident=False, group=group
+            )
 
         def prepare():
             copy = self.full_runs.get(run_key) or self.full_runs.create(run_key, files, manifest["dtype"])
@@ -382,11 +392,15 @@ class SamplerWorker:
                 for s in result.sequences
             ],
             "prompt_logprobs": result.prompt_logprobs,
-            "topk_prompt_logprobs": [[list(pair) for pair in row] if row is not None else None for row in result.topk_prompt_logprobs]
+            "topk_prompt_logprobs": [
+                [list(pair) for pair in row] if row is not None else None for row in result.topk_prompt_logprobs
+            ]
             if result.topk_prompt_logprobs is not None
             else None,
         }
-        return self._reply(event, SAMPLE["completed"], RequestCompleted(request_id=event.data.request_id, result=payload), lease)
+        return self._reply(
+            event, SAMPLE["completed"], RequestCompleted(request_id=event.data.request_id, result=payload), lease
+        )
 
     def _cancel(self, event: Event) -> None:
         """A cancel reached the log before this batch took its request: never run it.
@@ -402,14 +416,22 @@ class SamplerWorker:
         else:
             log.exception("sampler: request failed")
             error, category = f"{type(exc).__name__}: {exc}", "server"
-        self._emit(event, SAMPLE["failed"], RequestFailed(request_id=event.data.request_id, error=error, category=category))
+        self._emit(
+            event, SAMPLE["failed"], RequestFailed(request_id=event.data.request_id, error=error, category=category)
+        )
 
     def _emit(self, request: Event, type_: str, payload, lease: Optional[int] = None) -> None:
         self.publisher.publish(*self._reply(request, type_, payload, lease))
 
     def _reply(self, request: Event, type_: str, payload, lease: Optional[int] = None):
         reply = new_event(
-            type_, payload, tenant=request.tenant, source=SOURCE, key=request.key, subject=payload.request_id, lease=lease
+            type_,
+            payload,
+            tenant=request.tenant,
+            source=SOURCE,
+            key=request.key,
+            subject=payload.request_id,
+            lease=lease,
         )
         return topics.topic(request.tenant, "completions"), reply, None
 

@@ -127,7 +127,9 @@ class Scheduler:
         now = self.clock()
         activities = read_activity(self.store.engine)
         idle = timedelta(minutes=self.settings.scheduler_idle_minutes)
-        wanted = sorted(wanted_workers(activities, now, idle, self.settings.scheduler_base_models), key=lambda s: s.name)
+        wanted = sorted(
+            wanted_workers(activities, now, idle, self.settings.scheduler_base_models), key=lambda s: s.name
+        )
         existing = {s["metadata"]["name"]: s for s in self.api.list(STS, self.namespace, SELECTOR)}
         pins = self._place(wanted, existing, report)
         for spec in wanted:
@@ -218,7 +220,9 @@ class Scheduler:
                 report.failed_requests.extend(self._fail(activity, error))
 
     def _fail(self, activity: Activity, error: str) -> list[str]:
-        ids = [i for i in pending_request_ids(self.store.engine, activity.tenant, activity.key) if i not in self._failed]
+        ids = [
+            i for i in pending_request_ids(self.store.engine, activity.tenant, activity.key) if i not in self._failed
+        ]
         failed = []
         for request in requests_of(self.store, activity.tenant, activity.key, ids):
             payload = RequestFailed(request_id=request.data.request_id, error=error, category="server")
@@ -236,7 +240,9 @@ class Scheduler:
     def serve_forever(self) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: self._stop.set())
-        log.info("scheduler: reconciling namespace %s every %.0f s", self.namespace, self.settings.scheduler_interval_seconds)
+        log.info(
+            "scheduler: reconciling namespace %s every %.0f s", self.namespace, self.settings.scheduler_interval_seconds
+        )
         while not self._stop.is_set():
             try:
                 for line in self.reconcile().lines():

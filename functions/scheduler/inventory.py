@@ -38,9 +38,7 @@ def _label_memory(labels: Mapping[str, str]) -> Optional[int]:
     return None
 
 
-def devices_from(
-    nodes: list[dict], statuses: Mapping[str, NodeStatus], is_ours
-) -> tuple[list[Device], dict[str, str]]:
+def devices_from(nodes: list[dict], statuses: Mapping[str, NodeStatus], is_ours) -> tuple[list[Device], dict[str, str]]:
     """(devices, node -> why it offers none). `is_ours(job)` tells the scheduler's own residents."""
     devices: list[Device] = []
     skipped: dict[str, str] = {}

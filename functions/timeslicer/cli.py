@@ -14,16 +14,26 @@ from pathlib import Path
 def add_parser(commands) -> None:
     parser = commands.add_parser("timeslicer", help="the node-local timeslicer daemon, or its status")
     parser.add_argument("action", nargs="?", choices=("run", "status"), default="run", help="run (default) or status")
-    parser.add_argument("--socket", type=Path, default=None, help="its Unix socket (default <data-dir>/timeslicer.sock)")
+    parser.add_argument(
+        "--socket", type=Path, default=None, help="its Unix socket (default <data-dir>/timeslicer.sock)"
+    )
     parser.add_argument("--data-dir", type=Path, default=None, help="where the default socket lives (default ./.data)")
-    parser.add_argument("--accelerator-memory", default=None, help="memory budget per accelerator, e.g. 6GiB (CPU default: none)")
-    parser.add_argument("--devices", type=int, default=None, help="CPU only: how many accelerators to model (default 1)")
+    parser.add_argument(
+        "--accelerator-memory", default=None, help="memory budget per accelerator, e.g. 6GiB (CPU default: none)"
+    )
+    parser.add_argument(
+        "--devices", type=int, default=None, help="CPU only: how many accelerators to model (default 1)"
+    )
     parser.add_argument("--device", default=None, help="cpu or cuda (default: the OPENRL_DEVICE setting)")
     parser.add_argument("--policy", choices=("fifo", "lrs"), default=None, help="turn order (default lrs)")
     parser.add_argument("--lease-seconds", type=float, default=None, help="lease lifetime (default 10)")
-    parser.add_argument("--affinity-seconds", type=float, default=None, help="wait for a run's next request (default 0.1; 0: off)")
+    parser.add_argument(
+        "--affinity-seconds", type=float, default=None, help="wait for a run's next request (default 0.1; 0: off)"
+    )
     parser.add_argument("--http-host", default="0.0.0.0", help="address of /metrics, /status, /healthz")
-    parser.add_argument("--http-port", type=int, default=None, help="port of /metrics, /status, /healthz (default 9465)")
+    parser.add_argument(
+        "--http-port", type=int, default=None, help="port of /metrics, /status, /healthz (default 9465)"
+    )
     parser.add_argument("--json", action="store_true", help="status: print JSON instead of a table")
 
 
@@ -51,7 +61,10 @@ def run(args: argparse.Namespace) -> int:
             loop.add_signal_handler(signum, daemon.stop)
         serving = asyncio.create_task(daemon.serve())
         await asyncio.get_running_loop().run_in_executor(None, daemon.ready.wait)
-        print(f"openrl: timeslicer on {path}, http :{daemon.bound_http_port}, devices {setup.budgets(settings)}", flush=True)
+        print(
+            f"openrl: timeslicer on {path}, http :{daemon.bound_http_port}, devices {setup.budgets(settings)}",
+            flush=True,
+        )
         await serving
 
     asyncio.run(main())
@@ -74,7 +87,11 @@ def _status(path: Path, as_json: bool) -> int:
         holder = device["holder"]
         print(f"\n{device['device']}: budget {budget}, resident {_size(device['resident_bytes'])}, "
               f"duty cycle {device['duty_cycle']:.1%}, switches {device['switches']}")  # fmt: skip
-        print(f"  holder   {holder['job']} (lease {holder['lease_id']}, {holder['deadline']:.1f} s left)" if holder else "  holder   -")
+        print(
+            f"  holder   {holder['job']} (lease {holder['lease_id']}, {holder['deadline']:.1f} s left)"
+            if holder
+            else "  holder   -"
+        )
         for waiter in device["waiters"]:
             print(f"  waiting  {waiter['job']} ({waiter['waiting_seconds']:.2f} s)")
         print(f"  {'job':<48} {'worker':<28} {'bytes':>10}  state")

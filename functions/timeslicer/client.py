@@ -75,7 +75,6 @@ class Lease:
         return self.revoked is None and not self.released and time.monotonic() < self.deadline
 
 
-
 class Turn:
     """What `TimeslicerClient.turn` yields: the lease the work runs under, and `confirm()`."""
 
@@ -102,9 +101,13 @@ class Turn:
             if reply.get("ok") and reply.get("current"):
                 return lease.lease_id
             lease.revoked = lease.revoked or "not current"
-        log.warning("timeslicer: lease %s of %s was lost (%s); taking a new one", lease.lease_id, lease.job, lease.revoked)
+        log.warning(
+            "timeslicer: lease %s of %s was lost (%s); taking a new one", lease.lease_id, lease.job, lease.revoked
+        )
         self.client.release(lease)
-        self.lease = self.client.acquire(lease.job, also=getattr(lease, "also", ()), serves=getattr(lease, "serves", ()))
+        self.lease = self.client.acquire(
+            lease.job, also=getattr(lease, "also", ()), serves=getattr(lease, "serves", ())
+        )
         return self.lease.lease_id
 
 
@@ -154,7 +157,13 @@ class TimeslicerClient:
         return dict(self.info.get("devices", {}))
 
     def register(
-        self, job: str, nbytes: int, device: str, parkable: bool = True, resident: bool = False, group: Optional[str] = None
+        self,
+        job: str,
+        nbytes: int,
+        device: str,
+        parkable: bool = True,
+        resident: bool = False,
+        group: Optional[str] = None,
     ) -> None:
         """`group`: the training run the job belongs to (its turns are kept together)."""
         message = {"op": "register", "job": job, "device": device, "bytes": int(nbytes), "parkable": parkable,
@@ -188,7 +197,9 @@ class TimeslicerClient:
             if reply.get("lost"):
                 continue  # the link dropped while waiting: ask again on the new one
             if not reply.get("ok"):
-                if reply.get("code") == 409 and ("taken over" in reply.get("error", "") or "gone" in reply.get("error", "")):
+                if reply.get("code") == 409 and (
+                    "taken over" in reply.get("error", "") or "gone" in reply.get("error", "")
+                ):
                     raise Fenced(reply["error"])
                 self._check(reply)
             lease = Lease(self, reply)
@@ -250,7 +261,9 @@ class TimeslicerClient:
                 if time.monotonic() < lease.renew_at:
                     continue
                 sent = time.monotonic()
-                reply = self._call({"op": "renew", "lease_id": lease.lease_id}, retry=False, deadline=sent + lease.lease_seconds)
+                reply = self._call(
+                    {"op": "renew", "lease_id": lease.lease_id}, retry=False, deadline=sent + lease.lease_seconds
+                )
                 if reply.get("ok"):
                     lease.deadline = sent + float(reply["lease_seconds"]) - SAFETY_MARGIN
                     lease.renew_at = sent + float(reply["lease_seconds"]) / 3
@@ -372,7 +385,12 @@ class TimeslicerClient:
         link.send(message)
 
     def _call(
-        self, message: dict, deadline: Optional[float] = None, retry: bool = True, cancellable: bool = False, opening: bool = False
+        self,
+        message: dict,
+        deadline: Optional[float] = None,
+        retry: bool = True,
+        cancellable: bool = False,
+        opening: bool = False,
     ) -> dict:
         """Send and wait for the answer. With `retry`, a dropped link is waited out and the
         call sent again on the new one; without, the answer is {"lost": True}. A caller

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections import deque
 import socket
 import threading
 import time
+from collections import deque
 from typing import Callable, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -120,7 +120,10 @@ class SlicerService:
                     self.m_fenced.inc()
                 return
             except (KeyError, TypeError, ValueError) as error:
-                self._send(owner, {"id": request_id, "ok": False, "error": f"malformed {message.get('op')!r}: {error}", "code": 400})
+                self._send(
+                    owner,
+                    {"id": request_id, "ok": False, "error": f"malformed {message.get('op')!r}: {error}", "code": 400},
+                )
                 return
             if reply is not None:
                 self._send(owner, {"id": request_id, "ok": True, **reply})
@@ -129,7 +132,12 @@ class SlicerService:
     def _hello(self, owner: str, message: dict) -> dict:
         self._workers[owner] = str(message.get("worker", owner))
         budgets = {name: device.budget for name, device in self.core.devices.items()}
-        return {"node": self.node, "devices": budgets, "policy": self.core.policy.value, "lease_seconds": self.core.lease_seconds}
+        return {
+            "node": self.node,
+            "devices": budgets,
+            "policy": self.core.policy.value,
+            "lease_seconds": self.core.lease_seconds,
+        }
 
     def _register(self, owner: str, message: dict) -> dict:
         effects = self.core.register(
@@ -178,7 +186,8 @@ class SlicerService:
     def _validate(self, owner: str, message: dict) -> dict:
         lease_id = _int(message, "lease_id")
         current = self.core.is_current(lease_id) and any(
-            d.holder is not None and d.holder.owner == owner and d.holder.lease_id == lease_id for d in self.core.devices.values()
+            d.holder is not None and d.holder.owner == owner and d.holder.lease_id == lease_id
+            for d in self.core.devices.values()
         )
         if not current:
             self.m_fenced.inc()
@@ -321,16 +330,42 @@ class SlicerService:
 
     def _metrics(self) -> None:
         r = self.registry
-        self.m_wait = Histogram("openrl_timeslicer_wait_seconds", "time from acquire to grant", ["device"], registry=r, buckets=SECONDS)
-        self.m_hold = Histogram("openrl_timeslicer_hold_seconds", "time a lease was held", ["device"], registry=r, buckets=SECONDS)
-        self.m_park_seconds = Histogram("openrl_timeslicer_park_seconds", "time a worker took to park a job", ["device"], registry=r, buckets=SECONDS)
-        self.m_restore_seconds = Histogram("openrl_timeslicer_restore_seconds", "time a worker took to restore a job", ["device"], registry=r, buckets=SECONDS)
-        self.m_park_bytes = Counter("openrl_timeslicer_park_bytes", "bytes moved to host memory by parks", ["device"], registry=r)
-        self.m_restore_bytes = Counter("openrl_timeslicer_restore_bytes", "bytes moved back by restores", ["device"], registry=r)
-        self.m_expiries = Counter("openrl_timeslicer_lease_expiries", "leases that lapsed without renewal", ["device"], registry=r)
-        self.m_fenced = Counter("openrl_timeslicer_fenced", "operations refused because their lease was no longer current", registry=r)
+        self.m_wait = Histogram(
+            "openrl_timeslicer_wait_seconds", "time from acquire to grant", ["device"], registry=r, buckets=SECONDS
+        )
+        self.m_hold = Histogram(
+            "openrl_timeslicer_hold_seconds", "time a lease was held", ["device"], registry=r, buckets=SECONDS
+        )
+        self.m_park_seconds = Histogram(
+            "openrl_timeslicer_park_seconds",
+            "time a worker took to park a job",
+            ["device"],
+            registry=r,
+            buckets=SECONDS,
+        )
+        self.m_restore_seconds = Histogram(
+            "openrl_timeslicer_restore_seconds",
+            "time a worker took to restore a job",
+            ["device"],
+            registry=r,
+            buckets=SECONDS,
+        )
+        self.m_park_bytes = Counter(
+            "openrl_timeslicer_park_bytes", "bytes moved to host memory by parks", ["device"], registry=r
+        )
+        self.m_restore_bytes = Counter(
+            "openrl_timeslicer_restore_bytes", "bytes moved back by restores", ["device"], registry=r
+        )
+        self.m_expiries = Counter(
+            "openrl_timeslicer_lease_expiries", "leases that lapsed without renewal", ["device"], registry=r
+        )
+        self.m_fenced = Counter(
+            "openrl_timeslicer_fenced", "operations refused because their lease was no longer current", registry=r
+        )
         self.m_queue = Gauge("openrl_timeslicer_queue_depth", "waiters per device", ["device"], registry=r)
-        self.m_switches = Gauge("openrl_timeslicer_switches", "grants that changed the device's job", ["device"], registry=r)
+        self.m_switches = Gauge(
+            "openrl_timeslicer_switches", "grants that changed the device's job", ["device"], registry=r
+        )
         self.m_duty = Gauge("openrl_timeslicer_duty_cycle", "share of uptime a lease was held", ["device"], registry=r)
         self.m_resident = Gauge("openrl_timeslicer_resident_bytes", "bytes of resident jobs", ["device"], registry=r)
         self.m_budget = Gauge("openrl_timeslicer_budget_bytes", "memory budget (-1: none)", ["device"], registry=r)

@@ -45,7 +45,11 @@ def budgets(settings: Settings) -> dict[str, Optional[int]]:
 
 
 def socket_path(settings: Settings) -> Path:
-    path = Path(settings.timeslicer_socket) if settings.timeslicer_socket else settings.data_dir.resolve() / "timeslicer.sock"
+    path = (
+        Path(settings.timeslicer_socket)
+        if settings.timeslicer_socket
+        else settings.data_dir.resolve() / "timeslicer.sock"
+    )
     if len(str(path)) <= UNIX_PATH_MAX:
         return path
     digest = hashlib.sha256(str(path).encode()).hexdigest()[:16]
@@ -63,7 +67,9 @@ def service(settings: Settings) -> SlicerService:
     )
 
 
-def connect(settings: Settings, worker: str, on_park: Optional[ParkHandler] = None, socket: Optional[Path] = None) -> TimeslicerClient:
+def connect(
+    settings: Settings, worker: str, on_park: Optional[ParkHandler] = None, socket: Optional[Path] = None
+) -> TimeslicerClient:
     """A client for one worker: to `socket` (or the configured daemon), else a private slicer."""
     path = socket or (socket_path(settings) if settings.timeslicer_socket else None)
     if path is not None:

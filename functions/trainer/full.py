@@ -107,13 +107,28 @@ class FullFinetuneEngine:
     # -- training --------------------------------------------------------------------------
 
     def forward_backward(
-        self, model_id: str, batch: list[Datum], loss_fn: str, loss_fn_config: dict[str, float] | None, forward_only: bool
+        self,
+        model_id: str,
+        batch: list[Datum],
+        loss_fn: str,
+        loss_fn_config: dict[str, float] | None,
+        forward_only: bool,
     ) -> ForwardBackwardResult:
         run = self._require(model_id)
         config = resolve_config(loss_fn, loss_fn_config)
         validate_batch(batch, loss_fn, self._files.vocab_size)
         decoder, lm_head = run.model.get_decoder(), run.model.get_output_embeddings()
-        return passes.run(decoder, lm_head, batch, loss_fn, config, forward_only, self._device, self._max_padded_tokens, self._max_padding)
+        return passes.run(
+            decoder,
+            lm_head,
+            batch,
+            loss_fn,
+            config,
+            forward_only,
+            self._device,
+            self._max_padded_tokens,
+            self._max_padding,
+        )
 
     def optim_step(self, model_id: str, params: AdamParams) -> dict[str, float]:
         run = self._require(model_id)
@@ -151,7 +166,9 @@ class FullFinetuneEngine:
         run = self._runs[model_id]
         try:
             tensor_files.check_fit(tensors, run.params, WEIGHTS_FILE, self._files.name)
-            adam = optimizer.state_from_files(files, run.params) if with_optimizer else optimizer.fresh_state(run.params)
+            adam = (
+                optimizer.state_from_files(files, run.params) if with_optimizer else optimizer.fresh_state(run.params)
+            )
         except InvalidRequest:
             if created:
                 self.drop(model_id)

@@ -31,9 +31,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 
+from functions.trainer import tensor_files
 from openrl_core.errors import InvalidRequest
 from openrl_core.params import AdamParams
-from functions.trainer import tensor_files
 
 STATE_TENSORS = "optimizer.safetensors"
 STATE_META = "optimizer.json"

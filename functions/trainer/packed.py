@@ -61,8 +61,11 @@ def run(peft, requests: list[Request], params: dict[str, dict], limits: packing.
 
 def _run(peft, requests: list[Request], limits: packing.Limits, device) -> list[ForwardBackwardResult]:
     plan = packing.plan(
-        [[int(d.tokens_N.size) for d in r.batch] for r in requests], limits.max_tokens, limits.max_rows,
-        [r.adapter for r in requests], limits.max_shared_tokens,
+        [[int(d.tokens_N.size) for d in r.batch] for r in requests],
+        limits.max_tokens,
+        limits.max_rows,
+        [r.adapter for r in requests],
+        limits.max_shared_tokens,
     )
     logprobs: list[list[Optional[np.ndarray]]] = [[None] * len(r.batch) for r in requests]
     losses = [0.0] * len(requests)
@@ -102,7 +105,9 @@ def _run_pass(peft, units: list[packing.Unit], requests: list[Request], logprobs
     train = any(not requests[u.request].forward_only for u in units)
     decoder, lm_head = peft.get_decoder(), peft.get_output_embeddings()
     with torch.set_grad_enabled(train):
-        with _unit_adapters(decoder, [len(unit.datums) for unit in units], [requests[u.request].adapter for u in units]):
+        with _unit_adapters(
+            decoder, [len(unit.datums) for unit in units], [requests[u.request].adapter for u in units]
+        ):
             hidden_B_T_H = decoder(
                 input_ids=tokens_B_T.to(device), attention_mask=mask_B_T.to(device), use_cache=False
             ).last_hidden_state
@@ -238,7 +243,9 @@ def _unit_logprobs(lm_head, hidden_B_T_H: torch.Tensor, units, micros, adapters:
         if real < packing.PAD_MULTIPLE:
             pad = packing.PAD_MULTIPLE - real
             hidden_P_H = torch.cat([hidden_P_H, hidden_P_H.new_zeros(pad, hidden_P_H.shape[1])])
-            targets_P_K = torch.cat([targets_P_K, targets_P_K.new_full((pad, targets_P_K.shape[1]), batching.PAD_TOKEN)])
+            targets_P_K = torch.cat(
+                [targets_P_K, targets_P_K.new_full((pad, targets_P_K.shape[1]), batching.PAD_TOKEN)]
+            )
         segments.append((index, hidden_P_H, targets_P_K, real, widths))
     outputs: list[torch.Tensor | None] = [None] * len(micros)
     shared: list = []
@@ -261,7 +268,9 @@ def _unit_logprobs(lm_head, hidden_B_T_H: torch.Tensor, units, micros, adapters:
             spans.append((offset, offset + real, adapters[index]))
             offset += hidden_P_H.shape[0]
         if recompute:
-            logprobs_C_K = checkpoint(_shared_chunk, lm_head, hidden_C_H, targets_C_K, tuple(spans), use_reentrant=False)
+            logprobs_C_K = checkpoint(
+                _shared_chunk, lm_head, hidden_C_H, targets_C_K, tuple(spans), use_reentrant=False
+            )
         else:
             logprobs_C_K = _shared_chunk(lm_head, hidden_C_H, targets_C_K, tuple(spans))
         offset = 0
@@ -276,8 +285,15 @@ def _unit_logprobs(lm_head, hidden_B_T_H: torch.Tensor, units, micros, adapters:
             pieces = []
             for first in range(0, real, rows_per_chunk):
                 span = ((0, min(rows_per_chunk, real - first), adapters[index]),)
-                args = (lm_head, hidden_P_H[first : first + rows_per_chunk], targets_P_K[first : first + rows_per_chunk], span)
-                pieces.append(checkpoint(_shared_chunk, *args, use_reentrant=False) if recompute else _shared_chunk(*args))
+                args = (
+                    lm_head,
+                    hidden_P_H[first : first + rows_per_chunk],
+                    targets_P_K[first : first + rows_per_chunk],
+                    span,
+                )
+                pieces.append(
+                    checkpoint(_shared_chunk, *args, use_reentrant=False) if recompute else _shared_chunk(*args)
+                )
             outputs[index] = torch.cat(pieces)
             continue
         if shared and (own_chunks or sum(seg[1].shape[0] for seg in shared) + hidden_P_H.shape[0] > rows_per_chunk):
@@ -289,7 +305,9 @@ def _unit_logprobs(lm_head, hidden_B_T_H: torch.Tensor, units, micros, adapters:
         logprobs_P_K, per_datum, offset = outputs[index], [], 0
         for datum, width in zip(micro, widths):
             n = int(datum.tokens_N.size)
-            per_datum.append(logprobs_P_K[offset : offset + n, :width].reshape(datum.loss_fn_inputs["target_tokens"].shape))
+            per_datum.append(
+                logprobs_P_K[offset : offset + n, :width].reshape(datum.loss_fn_inputs["target_tokens"].shape)
+            )
             offset += n
         out.append(per_datum)
     return out
@@ -306,7 +324,9 @@ def _shared_chunk(lm_head, hidden_C_H: torch.Tensor, targets_C_K: torch.Tensor, 
         logits_C_V = lm_head.base_layer(hidden_C_H)
         for first, last, name in spans:
             if name in lora_A and last > first:
-                down_S_R = torch.nn.functional.linear(hidden_C_H[first:last], lora_A[name].weight) * lm_head.scaling[name]
+                down_S_R = (
+                    torch.nn.functional.linear(hidden_C_H[first:last], lora_A[name].weight) * lm_head.scaling[name]
+                )
                 # Into a row slice only when the span is not the whole chunk: autograd's
                 # backward of an in-place op on a view copies the whole [C, V] gradient.
                 target_S_V = logits_C_V if (first, last) == (0, logits_C_V.shape[0]) else logits_C_V[first:last]

@@ -129,7 +129,9 @@ class Packer:
                 # Their answers go out together at the end of the turn: the models finish their
                 # step at one moment, so their next requests arrive together as well.
                 answers: list = []
-                worker.absorb(in_turn=True)  # what the SDKs sent after the pass's requests (optim_step, save) came meanwhile
+                worker.absorb(
+                    in_turn=True
+                )  # what the SDKs sent after the pass's requests (optim_step, save) came meanwhile
                 try:
                     for model_id in models:
                         worker._run_ready(follow.pop(model_id, []) + worker._ready.pop(model_id, []), turn, answers)
@@ -168,4 +170,3 @@ class Packer:
                 payload = RequestCompleted(request_id=event.data.request_id, **outcome)
                 replies.append(worker.reply(event, "completed", payload, lease))
         worker.publisher.publish_many(replies)
-

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from eventing.bus import Record
-from functions.trainer.snapshots import SnapshotJob, Snapshotter, SnapshotStore
+from functions.trainer.snapshots import SnapshotJob, SnapshotStore, Snapshotter
 from openrl_core.events.recovery import SnapshotTaken
 from openrl_core.params import LoraConfig
 from openrl_core.seqgate import SeqGate

@@ -11,7 +11,6 @@ redelivers the events after it.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import queue

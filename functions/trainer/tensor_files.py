@@ -45,7 +45,9 @@ def save(tensors: Mapping[str, torch.Tensor], metadata: Optional[dict[str, str]]
     for name in names:
         size = tensors[name].numel() * 4
         shape = ",".join(str(n) for n in tensors[name].shape)
-        entries.append(f'{json.dumps(name, ensure_ascii=False)}:{{"dtype":"F32","shape":[{shape}],"data_offsets":[{offset},{offset + size}]}}')
+        entries.append(
+            f'{json.dumps(name, ensure_ascii=False)}:{{"dtype":"F32","shape":[{shape}],"data_offsets":[{offset},{offset + size}]}}'
+        )
         offset += size
     header = ("{" + ",".join(entries) + "}").encode()
     header += b" " * ((8 - len(header) % 8) % 8)

@@ -135,7 +135,12 @@ class TrainerWorker:
         self._lost: set[str] = set()
         self._cancelled: set[str] = set()  # runs cancelled: their state is dropped, their events ignored
         self._state = threading.Lock()  # compute, parking and restoring of any model
-        self.packer = Packer(self, options.pack_linger if options.pack else 0.0, options.cohort_wait if options.pack else 0.0, enabled=options.pack)
+        self.packer = Packer(
+            self,
+            options.pack_linger if options.pack else 0.0,
+            options.cohort_wait if options.pack else 0.0,
+            enabled=options.pack,
+        )
         self._ready: dict[str, list] = {}
         self._fair: FairQueue = FairQueue()  # this loop's turns not yet run
         self._postponed: list[Record] = []  # what a held turn's `absorb` left for after it
@@ -188,7 +193,9 @@ class TrainerWorker:
             deadline = time.monotonic() + self.packer.cohort_wait
             while True:
                 now = time.monotonic()
-                waiting = self.packer.cohort.waits({r.message.key.decode() for r in records if r.message.key}, now, deadline)
+                waiting = self.packer.cohort.waits(
+                    {r.message.key.decode() for r in records if r.message.key}, now, deadline
+                )
                 more = self.consumer.poll(max_records=64, timeout=(deadline - now) if waiting else self.packer.linger)
                 if not more and not waiting:
                     break
@@ -239,7 +246,9 @@ class TrainerWorker:
             self._cancel(model_id)
             return
         full = record.topic.split(".")[2] == "training-full"
-        creates = event.type == te.CREATE_MODEL["requested"] or (event.type == te.LOAD_WEIGHTS["requested"] and event.data.seq_id is None)
+        creates = event.type == te.CREATE_MODEL["requested"] or (
+            event.type == te.LOAD_WEIGHTS["requested"] and event.data.seq_id is None
+        )
         if creates or event.type == te.FORK["requested"]:
             handler = self._create if creates else self._fork
             self._execute(event, handler, model_id, create=(full, event.data.base_model, event.data.lora_config))
@@ -322,7 +331,9 @@ class TrainerWorker:
             event = self.publisher.codec.decode(record.message)
         except Exception:
             return False  # `_receive` logs and skips it
-        creates = event.type == te.CREATE_MODEL["requested"] or (event.type == te.LOAD_WEIGHTS["requested"] and event.data.seq_id is None)
+        creates = event.type == te.CREATE_MODEL["requested"] or (
+            event.type == te.LOAD_WEIGHTS["requested"] and event.data.seq_id is None
+        )
         restores = event.type in self._handlers and getattr(event.data, "model_id", None) not in self.slots
         return creates or restores or event.type in (te.FORK["requested"], te.RUN_CANCELLED)
 
@@ -389,7 +400,7 @@ class TrainerWorker:
             self._lost.add(model_id)
             self._forget(model_id)
         except Exception as exc:  # no turn (the timeslicer refused): the unanswered requests say so
-            for event, *_ in items[answered[0]:]:
+            for event, *_ in items[answered[0] :]:
                 self._fail(event, exc)
 
     def _run_items(self, model_id: str, items: list, turn, answered: list[int], replies: Optional[list] = None) -> None:
@@ -432,7 +443,13 @@ class TrainerWorker:
         """(topic, event, dedup) of a request's answer, for `publish` or `publish_many`."""
         type_ = event_type(request.family, request.verb, phase)
         reply = new_event(
-            type_, payload, tenant=request.tenant, source=SOURCE, key=request.key, subject=payload.request_id, lease=lease
+            type_,
+            payload,
+            tenant=request.tenant,
+            source=SOURCE,
+            key=request.key,
+            subject=payload.request_id,
+            lease=lease,
         )
         return topics.topic(request.tenant, "completions"), reply, None
 
@@ -450,7 +467,9 @@ class TrainerWorker:
                 max_shared_pass_bytes=self.options.pack_max_shared_bytes,
             )  # fmt: skip
             # The frozen base is resident for as long as this worker lives: it never parks.
-            self.slicer.register(f"{self.instance}/base/{key}", engine.base_bytes(), self.slicer_device, parkable=False, resident=True)
+            self.slicer.register(
+                f"{self.instance}/base/{key}", engine.base_bytes(), self.slicer_device, parkable=False, resident=True
+            )
             self._lora[key] = engine
         return self._lora[key]
 
@@ -480,7 +499,9 @@ class TrainerWorker:
             from openrl_core.params import LoraConfig
 
             nbytes = self.engine(base_model).adapter_bytes_estimate(lora or LoraConfig(rank=32))
-        self.slicer.register(self._job(model_id), nbytes, self.slicer_device, parkable=True, resident=False, group=model_id)
+        self.slicer.register(
+            self._job(model_id), nbytes, self.slicer_device, parkable=True, resident=False, group=model_id
+        )
 
     def _ensure_resident(self, model_id: str, turn) -> None:
         slot = self.slots.get(model_id)
@@ -534,7 +555,11 @@ class TrainerWorker:
                         self.recovery.snapshot_now(model_id, slot, self._engine(slot).copy_state)
             elif action is Action.RELEASE:
                 self._drop(model_id)
-                log.info("trainer: released %s after %.0f s idle; its next request restores its snapshot", model_id, facts.idle_seconds)
+                log.info(
+                    "trainer: released %s after %.0f s idle; its next request restores its snapshot",
+                    model_id,
+                    facts.idle_seconds,
+                )
 
     def _drop(self, model_id: str) -> None:
         """Everything this worker holds of a run: its state, its timeslicer job, its cohort place."""
@@ -579,7 +604,12 @@ class TrainerWorker:
                 with self._state:
                     load()
         slot = ModelSlot(
-            tenant, snapshot.base_model, snapshot.session_id, snapshot.lora_config, gate=SeqGate(snapshot.next_seq), full=full
+            tenant,
+            snapshot.base_model,
+            snapshot.session_id,
+            snapshot.lora_config,
+            gate=SeqGate(snapshot.next_seq),
+            full=full,
         )
         self.slots[model_id] = slot
         log.info("trainer: restored %s from its snapshot at seq %d", model_id, snapshot.next_seq - 1)
@@ -610,7 +640,9 @@ class TrainerWorker:
                     else:
                         engine.drop_adapter(data.model_id)
                     raise
-            self.slots[data.model_id] = ModelSlot(event.tenant, data.base_model, data.session_id, data.lora_config, full=full)
+            self.slots[data.model_id] = ModelSlot(
+                event.tenant, data.base_model, data.session_id, data.lora_config, full=full
+            )
         if isinstance(data, te.LoadWeightsRequested):
             return {"result": {"path": data.path, "model_id": data.model_id, "type": "load_weights"}}
         return {"result": {"model_id": data.model_id, "type": "create_model"}}
@@ -623,10 +655,16 @@ class TrainerWorker:
         engine = self.full_engine(data.base_model) if full else self.engine(data.base_model)
         if data.model_id not in self.slots and self._restore(event.tenant, data.model_id, locked=True) is None:
             forks.rebuild(engine, data.model_id, data, lambda refs: self._read(event.tenant, refs), full)
-            self.slots[data.model_id] = ModelSlot(event.tenant, data.base_model, data.session_id, data.lora_config, full=full)
+            self.slots[data.model_id] = ModelSlot(
+                event.tenant, data.base_model, data.session_id, data.lora_config, full=full
+            )
         files = self._write(event.tenant, engine.export_state(data.model_id))
         checkpoint = CheckpointSaved(
-            run_id=data.model_id, kind="weights", name=data.checkpoint_name, files=files, user_metadata=data.user_metadata
+            run_id=data.model_id,
+            kind="weights",
+            name=data.checkpoint_name,
+            files=files,
+            user_metadata=data.user_metadata,
         )
         result = {"model_id": data.model_id, "path": checkpoint.tinker_path, "type": "fork",
                   "snapshot_step": data.snapshot_step if data.snapshot is not None else None,
@@ -639,7 +677,9 @@ class TrainerWorker:
         files = self.models.files(slot.base_model)
         batch = [record.to_datum() for record in data.data]
         validate_batch(batch, data.loss_fn, files.vocab_size, files.max_context)
-        output = self._engine(slot).forward_backward(data.model_id, batch, data.loss_fn, data.loss_fn_config, data.forward_only)
+        output = self._engine(slot).forward_backward(
+            data.model_id, batch, data.loss_fn, data.loss_fn_config, data.forward_only
+        )
         return self.forward_backward_result(output, data)
 
     @staticmethod

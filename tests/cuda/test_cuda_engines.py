@@ -83,7 +83,9 @@ def test_full_finetuning_steps_on_cuda_agree_with_the_cpu(tiny_files):
         engine.create("m")
         losses = []
         for step in range(3):
-            losses.append(engine.forward_backward("m", sft_batch(step, [6, 14]), "cross_entropy", None, False).metrics["loss:sum"])
+            losses.append(
+                engine.forward_backward("m", sft_batch(step, [6, 14]), "cross_entropy", None, False).metrics["loss:sum"]
+            )
             engine.optim_step("m", STEP)
         runs[device] = (losses, {k: p.detach().cpu().numpy() for k, p in engine._runs["m"].params.items()})
     np.testing.assert_allclose(runs[CUDA][0], runs["cpu"][0], rtol=1e-4)
@@ -95,7 +97,9 @@ def test_full_finetuning_steps_on_cuda_agree_with_the_cpu(tiny_files):
 def test_packed_passes_on_cuda_agree_with_each_request_alone(model, tiny_files, smol_files):
     files = tiny_files if model == "tiny" else smol_files
     alone, packed = fresh(files, device=CUDA), fresh(files, device=CUDA)
-    expected = [alone.forward_backward(r.model_id, r.batch, r.loss_fn, r.loss_fn_config, r.forward_only) for r in requests()]
+    expected = [
+        alone.forward_backward(r.model_id, r.batch, r.loss_fn, r.loss_fn_config, r.forward_only) for r in requests()
+    ]
     got = packed.forward_backward_many(requests())
     worst = 0.0
     for want, have in zip(expected, got):
@@ -107,7 +111,9 @@ def test_packed_passes_on_cuda_agree_with_each_request_alone(model, tiny_files, 
     for name in MODELS:
         want, have = alone.adapter_gradients(name), packed.adapter_gradients(name)
         for key in want:
-            np.testing.assert_allclose(have[key], want[key], atol=1e-4 * float(np.abs(want[key]).max()) + 1e-12, err_msg=f"{name} {key}")
+            np.testing.assert_allclose(
+                have[key], want[key], atol=1e-4 * float(np.abs(want[key]).max()) + 1e-12, err_msg=f"{name} {key}"
+            )
     assert not any(np.any(g) for g in packed.adapter_gradients("d").values()), "forward-only adds no gradient"
     print(f"{model}: largest logprob difference, packed against alone: {worst:.3g}")
 
@@ -176,7 +182,9 @@ def test_sampler_on_cuda_agrees_with_the_cpu_for_the_base_and_two_adapters_in_on
     jobs = [SampleJob(prompt, 1, greedy, prompt_logprobs=True, adapter=key) for key in (None, "a", "b")]
     results = {device: engine.sample(jobs) for device, engine in engines.items()}
     for job, cpu, gpu in zip(jobs, results["cpu"], results[CUDA]):
-        np.testing.assert_allclose(np.array(gpu.prompt_logprobs[1:]), np.array(cpu.prompt_logprobs[1:]), atol=2e-3, err_msg=str(job.adapter))
+        np.testing.assert_allclose(
+            np.array(gpu.prompt_logprobs[1:]), np.array(cpu.prompt_logprobs[1:]), atol=2e-3, err_msg=str(job.adapter)
+        )
         # Teacher-force the GPU's greedy tokens on the CPU: each must be the CPU's best token
         # for that prefix, or within a near-tie of it.
         tokens = gpu.sequences[0].tokens
@@ -185,8 +193,14 @@ def test_sampler_on_cuda_agrees_with_the_cpu_for_the_base_and_two_adapters_in_on
         for position, token in enumerate(tokens):
             best_token, best = forced.topk_prompt_logprobs[len(prompt) + position][0]
             chosen = forced.prompt_logprobs[len(prompt) + position]
-            assert token == best_token or best - chosen < 1e-3, (job.adapter, position, token, best_token, best - chosen)
-        np.testing.assert_allclose(gpu.sequences[0].logprobs, forced.prompt_logprobs[len(prompt):], atol=2e-3)
+            assert token == best_token or best - chosen < 1e-3, (
+                job.adapter,
+                position,
+                token,
+                best_token,
+                best - chosen,
+            )
+        np.testing.assert_allclose(gpu.sequences[0].logprobs, forced.prompt_logprobs[len(prompt) :], atol=2e-3)
 
 
 def test_a_weight_sync_receiver_on_cuda_ends_bitwise_the_published_weights():
@@ -195,7 +209,10 @@ def test_a_weight_sync_receiver_on_cuda_ends_bitwise_the_published_weights():
 
     blobs, params = Blobs(), master()
     publisher = Publisher("run", "base", full_every=0)
-    receiver = Receiver({k: torch.nn.Parameter(torch.zeros(v.shape, device=CUDA), requires_grad=False) for k, v in params.items()}, "bfloat16")
+    receiver = Receiver(
+        {k: torch.nn.Parameter(torch.zeros(v.shape, device=CUDA), requires_grad=False) for k, v in params.items()},
+        "bfloat16",
+    )
     kinds = []
     for version in range(1, 8):
         if version > 1:

@@ -131,7 +131,11 @@ def rl_loop(url: str, tenant: str, steps: int, record: RunRecord, pace=None) -> 
                 pace(step)
             what = f"sample {step}"
             params = types.SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, seed=seed * 1000 + step)
-            result = _wait(record, sampler.sample(types.ModelInput.from_ints(prompt), num_samples=GROUP, sampling_params=params), what)
+            result = _wait(
+                record,
+                sampler.sample(types.ModelInput.from_ints(prompt), num_samples=GROUP, sampling_params=params),
+                what,
+            )
             rewards = [grade(seq.tokens) for seq in result.sequences]
             baseline = sum(rewards) / len(rewards)
             data = []
@@ -203,7 +207,9 @@ class Chaos:
     (PR_SET_PDEATHSIG, tests/eventing/brokers.py), so a broker restarted from a helper thread
     would go down again when that thread ends."""
 
-    def __init__(self, cluster: Cluster, seed: int, interval: tuple[float, float], roles=ROLES, max_faults: Optional[int] = None) -> None:
+    def __init__(
+        self, cluster: Cluster, seed: int, interval: tuple[float, float], roles=ROLES, max_faults: Optional[int] = None
+    ) -> None:
         self.cluster, self.rng, self.interval, self.roles = cluster, random.Random(seed), interval, roles
         self.max_faults = max_faults  # then the loops finish on a quiet deployment
         self._order = self.rng.sample(list(roles), len(roles))
@@ -293,7 +299,11 @@ def store_checks(cluster: Cluster, record: RunRecord) -> list[str]:
 
     problems = []
     model = record.model_id
-    steps = cluster.query(select(t.run_steps.c.step, t.run_steps.c.completed_at).where(t.run_steps.c.model_id == model).order_by(t.run_steps.c.step))
+    steps = cluster.query(
+        select(t.run_steps.c.step, t.run_steps.c.completed_at)
+        .where(t.run_steps.c.model_id == model)
+        .order_by(t.run_steps.c.step)
+    )
     numbers = [step for step, _ in steps]
     if numbers != list(range(1, record.steps + 1)) and numbers != list(range(record.steps)):
         problems.append(f"{record.tenant}: run_steps {numbers} for {record.steps} client steps")
@@ -320,7 +330,11 @@ def open_futures(cluster: Cluster) -> int:
 
     from eventing.store import tables as t
 
-    return cluster.query(select(func.count()).select_from(t.futures).where(t.futures.c.state.in_(("pending", "running")), t.futures.c.tenant.in_(list(TENANTS))))[0][0]
+    return cluster.query(
+        select(func.count())
+        .select_from(t.futures)
+        .where(t.futures.c.state.in_(("pending", "running")), t.futures.c.tenant.in_(list(TENANTS)))
+    )[0][0]
 
 
 def verify(cluster: Cluster, reference: dict[str, RunRecord], chaotic: dict[str, RunRecord], steps: int) -> list[str]:
@@ -352,7 +366,14 @@ def verify(cluster: Cluster, reference: dict[str, RunRecord], chaotic: dict[str,
     return problems
 
 
-def soak(cluster: Cluster, steps: int, seed: int, interval: tuple[float, float], roles=ROLES, max_faults: Optional[int] = None) -> dict:
+def soak(
+    cluster: Cluster,
+    steps: int,
+    seed: int,
+    interval: tuple[float, float],
+    roles=ROLES,
+    max_faults: Optional[int] = None,
+) -> dict:
     """The reference loops on the quiet deployment, then the same loops under chaos."""
     began = time.monotonic()
     reference, threads = start_tenants(cluster.url, steps)
@@ -365,7 +386,9 @@ def soak(cluster: Cluster, steps: int, seed: int, interval: tuple[float, float],
     join(threads, steps)
     chaos_seconds = time.monotonic() - began
     problems = chaos.errors + verify(cluster, reference, chaotic, steps)
-    finals = [json.dumps(cluster.checkpoint_files(r.final_path), sort_keys=True) for r in reference.values() if r.final_path]
+    finals = [
+        json.dumps(cluster.checkpoint_files(r.final_path), sort_keys=True) for r in reference.values() if r.final_path
+    ]
     return {
         "seed": seed, "steps_per_tenant": steps, "tenants": len(TENANTS), "interval_seconds": list(interval),
         "faults": chaos.faults, "fault_count": len(chaos.faults),
@@ -388,7 +411,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=60, help="RL steps per tenant")
     parser.add_argument("--seed", type=int, default=2024, help="seed of the chaos loop")
-    parser.add_argument("--interval", type=float, nargs=2, default=(15.0, 30.0), help="seconds between faults: low high")
+    parser.add_argument(
+        "--interval", type=float, nargs=2, default=(15.0, 30.0), help="seconds between faults: low high"
+    )
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON report here")
     args = parser.parse_args(argv)
     name = "openrl_chaos_" + uuid.uuid4().hex[:12]

@@ -25,8 +25,15 @@ MODEL = "openrl/tiny-qwen3"
 
 class Cluster:
     def __init__(
-        self, root: Path, database_url: str, snapshot_every: int = 2, timeslicer: bool = False, extra_env: Optional[dict] = None,
-        keys: str = KEYS, role_args: Optional[dict[str, list[str]]] = None, role_env: Optional[dict[str, dict]] = None,
+        self,
+        root: Path,
+        database_url: str,
+        snapshot_every: int = 2,
+        timeslicer: bool = False,
+        extra_env: Optional[dict] = None,
+        keys: str = KEYS,
+        role_args: Optional[dict[str, list[str]]] = None,
+        role_env: Optional[dict[str, dict]] = None,
     ) -> None:
         self.root = root
         self.keys = keys

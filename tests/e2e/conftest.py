@@ -23,7 +23,10 @@ def server(tmp_path_factory):
         tmp_path_factory.mktemp("openrl-e2e"),
         ["openrl/tiny-qwen3"],
         f"alice={API_KEY},bob={OTHER_KEY}",
-        extra_env={"OPENRL_MODEL_ALIASES": json.dumps(COOKBOOK_ALIASES), "OPENRL_FULL_FINETUNE_MODELS": ",".join(FULL_FINETUNE_NAMES)},
+        extra_env={
+            "OPENRL_MODEL_ALIASES": json.dumps(COOKBOOK_ALIASES),
+            "OPENRL_FULL_FINETUNE_MODELS": ",".join(FULL_FINETUNE_NAMES),
+        },
     )
     try:
         srv.wait_ready()

@@ -28,7 +28,13 @@ COOKBOOK_ALIASES = {"Qwen/Qwen3-8B": TINY_QWEN3, "Qwen/Qwen3-8B-Base": TINY_QWEN
 # Served names whose runs are full fine-tuning (OPENRL_FULL_FINETUNE_MODELS): a recipe asks
 # for a LoRA client by name and gets a full run, unchanged. Qwen3-32B uses the qwen3 renderer.
 FULL_FINETUNE_NAMES = ["Qwen/Qwen3-32B"]
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json", "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "config.json",
+    "generation_config.json",
+)
 
 
 def populate_hf_cache(hf_home: Path, names: list[str], model_dir: Path) -> Path:
@@ -65,7 +71,9 @@ def recipe_env(server_url: str, api_key: str, hf_home: Path) -> dict[str, str]:
     return env
 
 
-def run_recipe(module: str, args: list[str], env: dict[str, str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+def run_recipe(
+    module: str, args: list[str], env: dict[str, str], cwd: Path, timeout: float = 240
+) -> subprocess.CompletedProcess:
     """`python -m module args…`; stdout and stderr together in `.stdout`."""
     return subprocess.run(
         [sys.executable, "-m", module, *args],

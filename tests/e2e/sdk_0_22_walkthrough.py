@@ -103,7 +103,9 @@ def refetch_as_json(model_cls, request_id: str):
         headers={"X-API-Key": os.environ["TINKER_API_KEY"], "Accept": "application/json"},
         timeout=60,
     )
-    assert response.status_code == 200 and response.headers["content-type"].startswith("application/json"), response.text
+    assert response.status_code == 200 and response.headers["content-type"].startswith("application/json"), (
+        response.text
+    )
     return deserialize_json_response(response.json(), model_cls)
 
 

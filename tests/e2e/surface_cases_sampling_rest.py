@@ -19,7 +19,11 @@ SC, R = "SamplingClient.", "RestClient."
 # -- SamplingClient --------------------------------------------------------------------------------
 
 
-@case(SC + "compute_logprobs", SC + "compute_logprobs_async", checked="prompt logprobs, None at position 0 and before prompt_logprobs_last_n")
+@case(
+    SC + "compute_logprobs",
+    SC + "compute_logprobs_async",
+    checked="prompt logprobs, None at position 0 and before prompt_logprobs_last_n",
+)
 def _compute_logprobs(w, call):
     prompt = w.prompt()
     full = call(w.sampler, "compute_logprobs", prompt)
@@ -28,13 +32,22 @@ def _compute_logprobs(w, call):
     assert last[:-2] == [None] * (prompt.length - 2) and last[-2:] == pytest.approx(full[-2:], abs=1e-5)
 
 
-@case(SC + "create", checked="(static) a client for an existing sampling session id, learning its base model from GET /samplers")
+@case(
+    SC + "create",
+    checked="(static) a client for an existing sampling session id, learning its base model from GET /samplers",
+)
 def _create(w, call):
-    sampler = tinker.SamplingClient.create(w.service.holder, sampling_session_id=w.sampler._sampling_session_id).result()
+    sampler = tinker.SamplingClient.create(
+        w.service.holder, sampling_session_id=w.sampler._sampling_session_id
+    ).result()
     assert sampler.get_base_model() == MODEL
 
 
-@case(SC + "from_sampler_handle", SC + "get_sampler_handle", checked="a handle made here gives a client (own credentials) that samples the same tokens")
+@case(
+    SC + "from_sampler_handle",
+    SC + "get_sampler_handle",
+    checked="a handle made here gives a client (own credentials) that samples the same tokens",
+)
 def _handle(w, call):
     handle = w.sampler.get_sampler_handle()
     assert isinstance(handle, str) and w.api_key not in handle  # no credentials inside
@@ -77,7 +90,11 @@ def _on_queue_state_change(w, call):
     assert call(w.sampler, "on_queue_state_change", QueueState.PAUSED_CAPACITY, "test") is None
 
 
-@case(SC + "sample", SC + "sample_async", checked="num_samples sequences with tokens, logprobs, stop reasons and sequence ids; a seed repeats")
+@case(
+    SC + "sample",
+    SC + "sample_async",
+    checked="num_samples sequences with tokens, logprobs, stop reasons and sequence ids; a seed repeats",
+)
 def _sample(w, call):
     params = types.SamplingParams(max_tokens=5, temperature=0.7, seed=9, stop=["\n\nUser:"])
     first = call(w.sampler, "sample", w.prompt(), 3, params, include_prompt_logprobs=True)
@@ -103,7 +120,11 @@ def _assign_project(w, call):
     refused_with_reason(lambda: call(w.rest, "assign_session_project", w.session_id, "some-project"), "another project")
 
 
-@case(R + "copy_weights", R + "copy_weights_async", checked="a copy under a new run, loadable into a training client with the same weights")
+@case(
+    R + "copy_weights",
+    R + "copy_weights_async",
+    checked="a copy under a new run, loadable into a training client with the same weights",
+)
 def _rest_copy(w, call):
     copied = call(w.rest, "copy_weights", w.state_path, "archive")
     assert copied != w.state_path
@@ -120,7 +141,11 @@ def _delete(w, call):
     assert path not in {c.tinker_path for c in w.rest.list_checkpoints(w.training.model_id).result().checkpoints}
 
 
-@case(R + "delete_checkpoint_from_tinker_path", R + "delete_checkpoint_from_tinker_path_async", checked="gone; deleting again is a 404")
+@case(
+    R + "delete_checkpoint_from_tinker_path",
+    R + "delete_checkpoint_from_tinker_path_async",
+    checked="gone; deleting again is a 404",
+)
 def _delete_by_path(w, call):
     path = w.fresh_checkpoint()
     call(w.rest, "delete_checkpoint_from_tinker_path", path)
@@ -139,12 +164,24 @@ def _export_trace(w, call):
     refused_with_reason(lambda: call(w.rest, "export_session_trace", w.session_id), "session trace export")
 
 
-@case(R + "get_audit_log", R + "get_audit_log_async", status=REFUSED, checked="404 naming the audit log", note="no organisations or teams; every request is an event in the event store")
+@case(
+    R + "get_audit_log",
+    R + "get_audit_log_async",
+    status=REFUSED,
+    checked="404 naming the audit log",
+    note="no organisations or teams; every request is an event in the event store",
+)
 def _audit(w, call):
     refused_with_reason(lambda: call(w.rest, "get_audit_log"), "audit log")
 
 
-@case(R + "get_billing_usage", R + "get_billing_usage_async", status=REFUSED, checked="404 naming billing", note="nothing is metered or billed")
+@case(
+    R + "get_billing_usage",
+    R + "get_billing_usage_async",
+    status=REFUSED,
+    checked="404 naming billing",
+    note="nothing is metered or billed",
+)
 def _billing(w, call):
     now = datetime.now(timezone.utc)
     refused_with_reason(lambda: call(w.rest, "get_billing_usage", now - timedelta(days=1), now), "billing usage")
@@ -161,7 +198,11 @@ def _storage(w, call):
     refused_with_reason(lambda: call(w.rest, "get_current_checkpoint_storage_usage"), "checkpoint storage usage")
 
 
-@case(R + "get_external_weights_urls", R + "get_external_weights_urls_async", checked="signed links to adapter_model.safetensors and adapter_config.json that download without a key")
+@case(
+    R + "get_external_weights_urls",
+    R + "get_external_weights_urls_async",
+    checked="signed links to adapter_model.safetensors and adapter_config.json that download without a key",
+)
 def _external_urls(w, call):
     import urllib.request
 
@@ -195,7 +236,11 @@ def _rest_telemetry(w, call):
     assert call(w.rest, "get_telemetry") is None
 
 
-@case(R + "get_training_run", R + "get_training_run_async", checked="base model, owner, LoRA rank, last checkpoints, user_metadata (renderer_name)")
+@case(
+    R + "get_training_run",
+    R + "get_training_run_async",
+    checked="base model, owner, LoRA rank, last checkpoints, user_metadata (renderer_name)",
+)
 def _get_run(w, call):
     w.state_path  # noqa: B018  (so there is a last checkpoint)
     run = call(w.rest, "get_training_run", w.training.model_id)
@@ -203,7 +248,11 @@ def _get_run(w, call):
     assert run.user_metadata["renderer_name"] == "qwen3" and run.last_checkpoint is not None
 
 
-@case(R + "get_training_run_by_tinker_path", R + "get_training_run_by_tinker_path_async", checked="the run a checkpoint path belongs to")
+@case(
+    R + "get_training_run_by_tinker_path",
+    R + "get_training_run_by_tinker_path_async",
+    checked="the run a checkpoint path belongs to",
+)
 def _get_run_by_path(w, call):
     assert call(w.rest, "get_training_run_by_tinker_path", w.sampler_path).training_run_id == w.training.model_id
 
@@ -216,7 +265,9 @@ def _weights_info(w, call):
 
 @case(R + "list_checkpoints", R + "list_checkpoints_async", checked="the run's checkpoints with their types")
 def _list_checkpoints(w, call):
-    listed = {c.tinker_path: c.checkpoint_type for c in call(w.rest, "list_checkpoints", w.training.model_id).checkpoints}
+    listed = {
+        c.tinker_path: c.checkpoint_type for c in call(w.rest, "list_checkpoints", w.training.model_id).checkpoints
+    }
     assert listed[w.state_path] == "training" and listed[w.sampler_path] == "sampler"
 
 
@@ -232,7 +283,9 @@ def _list_runs(w, call):
     assert w.training.model_id in {r.training_run_id for r in page.training_runs} and page.cursor.total_count >= 1
 
 
-@case(R + "list_user_checkpoints", R + "list_user_checkpoints_async", checked="every checkpoint of the tenant, with sizes")
+@case(
+    R + "list_user_checkpoints", R + "list_user_checkpoints_async", checked="every checkpoint of the tenant, with sizes"
+)
 def _list_user_checkpoints(w, call):
     listed = {c.tinker_path: c for c in call(w.rest, "list_user_checkpoints", limit=1000).checkpoints}
     assert listed[w.state_path].size_bytes > 0
@@ -250,20 +303,33 @@ def _publish(w, call):
     w.rest.publish_checkpoint_from_tinker_path(path).result()
     call(w.rest, "unpublish_checkpoint_from_tinker_path", path)
     call(w.rest, "publish_checkpoint_from_tinker_path", path)
-    assert next(c for c in w.rest.list_checkpoints(w.training.model_id).result().checkpoints if c.tinker_path == path).public
+    assert next(
+        c for c in w.rest.list_checkpoints(w.training.model_id).result().checkpoints if c.tinker_path == path
+    ).public
 
 
-@case(R + "search_sessions", status=OTHER, checked="404 naming session search", note="not offered yet (the SDK marks it experimental); list_sessions and get_session work")
+@case(
+    R + "search_sessions",
+    status=OTHER,
+    checked="404 naming session search",
+    note="not offered yet (the SDK marks it experimental); list_sessions and get_session work",
+)
 def _search(w, call):
     refused_with_reason(lambda: call(w.rest, "search_sessions", types.SessionSearchRequest(limit=5)), "session search")
 
 
-@case(R + "set_checkpoint_ttl_from_tinker_path", R + "set_checkpoint_ttl_from_tinker_path_async", checked="sets and clears expires_at")
+@case(
+    R + "set_checkpoint_ttl_from_tinker_path",
+    R + "set_checkpoint_ttl_from_tinker_path_async",
+    checked="sets and clears expires_at",
+)
 def _ttl(w, call):
     path = w.fresh_checkpoint()
 
     def expires():
-        return next(c for c in w.rest.list_checkpoints(w.training.model_id).result().checkpoints if c.tinker_path == path).expires_at
+        return next(
+            c for c in w.rest.list_checkpoints(w.training.model_id).result().checkpoints if c.tinker_path == path
+        ).expires_at
 
     call(w.rest, "set_checkpoint_ttl_from_tinker_path", path, 7200)
     assert expires() is not None

@@ -10,8 +10,8 @@ import pytest
 import tinker
 from tinker import types
 
-from tests.e2e.surface_rig import MODEL, NOTE, case, same_logprobs, train_one_step
 from tests.e2e.sdk_close import close_service
+from tests.e2e.surface_rig import MODEL, NOTE, case, same_logprobs, train_one_step
 
 S, T = "ServiceClient.", "TrainingClient."
 CONSOLE = "returns a URL of Thinking Machines' hosted console, which knows nothing of a self-hosted server (no request)"
@@ -64,7 +64,11 @@ def _create_custom_loss(w, call):
     assert custom.metrics["loss:sum"] == pytest.approx(builtin.metrics["loss:sum"], rel=1e-4)
 
 
-@case(S + "create_lora_training_client", S + "create_lora_training_client_async", checked="get_info reports the base model, rank and a local tokenizer")
+@case(
+    S + "create_lora_training_client",
+    S + "create_lora_training_client_async",
+    checked="get_info reports the base model, rank and a local tokenizer",
+)
 def _create_lora(w, call):
     training = call(w.service, "create_lora_training_client", base_model=MODEL, rank=3, seed=1)
     info = training.get_info()
@@ -75,15 +79,23 @@ def _create_lora(w, call):
 @case(S + "create_rest_client", checked="(deprecated) the RestClient lists this tenant's runs")
 def _create_rest_client(w, call):
     rest = call(w.service, "create_rest_client")
-    assert w.training.model_id in {run.training_run_id for run in rest.list_training_runs(limit=1000).result().training_runs}
+    assert w.training.model_id in {
+        run.training_run_id for run in rest.list_training_runs(limit=1000).result().training_runs
+    }
 
 
-@case(S + "create_sampling_client", S + "create_sampling_client_async", checked="from a sampler path and from a base model name; both sample")
+@case(
+    S + "create_sampling_client",
+    S + "create_sampling_client_async",
+    checked="from a sampler path and from a base model name; both sample",
+)
 def _service_sampling_client(w, call):
     for kwargs in ({"model_path": w.sampler_path}, {"base_model": MODEL}):
         sampler = call(w.service, "create_sampling_client", **kwargs)
         assert sampler.get_base_model() == MODEL
-        result = sampler.sample(w.prompt(), num_samples=2, sampling_params=types.SamplingParams(max_tokens=3, seed=1)).result()
+        result = sampler.sample(
+            w.prompt(), num_samples=2, sampling_params=types.SamplingParams(max_tokens=3, seed=1)
+        ).result()
         assert [len(s.tokens) for s in result.sequences] == [3, 3]
 
 
@@ -141,7 +153,12 @@ def _service_telemetry(w, call):
     assert any(session_id in (data or "") for _subject, data in w.events("telemetry"))
 
 
-@case(S + "holder", status=NOTE, checked="(deprecated property) the session's internal holder", note="an SDK internal, not an API")
+@case(
+    S + "holder",
+    status=NOTE,
+    checked="(deprecated property) the session's internal holder",
+    note="an SDK internal, not an API",
+)
 def _holder(w, call):
     assert w.service.holder.get_session_id() == w.session_id
 
@@ -149,19 +166,27 @@ def _holder(w, call):
 # -- TrainingClient --------------------------------------------------------------------------------
 
 
-@case(T + "create_sampling_client", T + "create_sampling_client_async", checked="samples from a saved sampler checkpoint")
+@case(
+    T + "create_sampling_client", T + "create_sampling_client_async", checked="samples from a saved sampler checkpoint"
+)
 def _training_sampling_client(w, call):
     sampler = call(w.training, "create_sampling_client", w.sampler_path)
     result = sampler.sample(w.prompt(), num_samples=1, sampling_params=types.SamplingParams(max_tokens=2)).result()
     assert len(result.sequences[0].tokens) == 2 and len(result.sequences[0].logprobs) == 2
 
 
-@case(T + "forward", T + "forward_async", checked="per-datum logprobs shaped like the targets; loss:sum their weighted NLL")
+@case(
+    T + "forward",
+    T + "forward_async",
+    checked="per-datum logprobs shaped like the targets; loss:sum their weighted NLL",
+)
 def _forward(w, call):
     output = call(w.training, "forward", w.batch, "cross_entropy")
     nll = -sum(float(out["logprobs"].to_numpy().sum()) for out in output.loss_fn_outputs)
     assert output.metrics["loss:sum"] == pytest.approx(nll, rel=1e-4)
-    assert [len(out["logprobs"].data) for out in output.loss_fn_outputs] == [len(d.loss_fn_inputs["target_tokens"].data) for d in w.batch]
+    assert [len(out["logprobs"].data) for out in output.loss_fn_outputs] == [
+        len(d.loss_fn_inputs["target_tokens"].data) for d in w.batch
+    ]
 
 
 @case(T + "forward_backward", T + "forward_backward_async", checked="then optim_step: the loss falls")
@@ -196,7 +221,12 @@ def _training_console(w, call):
 @case(T + "get_info", T + "get_info_async", checked="model id, base model, LoRA rank, architecture")
 def _get_info(w, call):
     info = call(w.training, "get_info")
-    assert (info.model_id, info.model_data.model_name, info.lora_rank, info.model_data.arch) == (w.training.model_id, MODEL, 4, "qwen3")
+    assert (info.model_id, info.model_data.model_name, info.lora_rank, info.model_data.arch) == (
+        w.training.model_id,
+        MODEL,
+        4,
+        "qwen3",
+    )
 
 
 @case(T + "get_telemetry", checked="the holder's telemetry (None when TINKER_TELEMETRY=0; no request)")
@@ -209,7 +239,11 @@ def _training_tokenizer(w, call):
     assert call(w.training, "get_tokenizer").encode("Hello world") == [9707, 1879]
 
 
-@case(T + "load_state", T + "load_state_async", checked="(deprecated) in place: the saved weights come back after a step moved them")
+@case(
+    T + "load_state",
+    T + "load_state_async",
+    checked="(deprecated) in place: the saved weights come back after a step moved them",
+)
 def _load_state(w, call):
     client = w.new_training(seed=5)
     path = client.save_state("before").result().path
@@ -235,17 +269,29 @@ def _load_state_with_optimizer(w, call):
     same_logprobs(w, client, after_one)
 
 
-@case(T + "optim_step", T + "optim_step_async", checked="AdamW applies the accumulated gradient and reports optim/grad_norm")
+@case(
+    T + "optim_step",
+    T + "optim_step_async",
+    checked="AdamW applies the accumulated gradient and reports optim/grad_norm",
+)
 def _optim_step(w, call):
     client = w.new_training(seed=7)
     client.forward_backward(w.batch, "cross_entropy").result()
-    metrics = call(client, "optim_step", types.AdamParams(learning_rate=1e-2, weight_decay=0.1, grad_clip_norm=1.0)).metrics
+    metrics = call(
+        client, "optim_step", types.AdamParams(learning_rate=1e-2, weight_decay=0.1, grad_clip_norm=1.0)
+    ).metrics
     assert any("grad_norm" in key and np.isfinite(value) and value > 0 for key, value in metrics.items()), metrics
 
 
-@case(T + "save_state", T + "save_state_async", checked="tinker://<run>/weights/<name>, listed with its TTL and user_metadata")
+@case(
+    T + "save_state",
+    T + "save_state_async",
+    checked="tinker://<run>/weights/<name>, listed with its TTL and user_metadata",
+)
 def _save_state(w, call):
-    path = call(w.training, "save_state", f"saved-{uuid.uuid4().hex[:8]}", ttl_seconds=7200, user_metadata={"k": "v"}).path
+    path = call(
+        w.training, "save_state", f"saved-{uuid.uuid4().hex[:8]}", ttl_seconds=7200, user_metadata={"k": "v"}
+    ).path
     assert path.startswith(f"tinker://{w.training.model_id}/weights/saved-")
     listed = {c.tinker_path: c for c in w.rest.list_checkpoints(w.training.model_id).result().checkpoints}
     assert listed[path].expires_at is not None and listed[path].user_metadata == {"k": "v"}
@@ -263,17 +309,29 @@ def _save_and_sample(w, call):
     np.testing.assert_allclose(np.array(logprobs[1:], dtype=np.float32), w.logprobs(w.training)[0], atol=2e-4)
 
 
-@case(T + "save_weights_external", T + "save_weights_external_async", checked="tinker://<run>/external_weights/<name> with signed download links")
+@case(
+    T + "save_weights_external",
+    T + "save_weights_external_async",
+    checked="tinker://<run>/external_weights/<name> with signed download links",
+)
 def _save_external(w, call):
     response = call(w.training, "save_weights_external", f"export-{uuid.uuid4().hex[:8]}")
     assert "/external_weights/export-" in response.path
-    assert set(w.rest.get_external_weights_urls(response.path).result().urls) == {"adapter_model.safetensors", "adapter_config.json"}
+    assert set(w.rest.get_external_weights_urls(response.path).result().urls) == {
+        "adapter_model.safetensors",
+        "adapter_config.json",
+    }
 
 
-@case(T + "save_weights_for_sampler", T + "save_weights_for_sampler_async", checked="tinker://<run>/sampler_weights/<name>; sampling from it works")
+@case(
+    T + "save_weights_for_sampler",
+    T + "save_weights_for_sampler_async",
+    checked="tinker://<run>/sampler_weights/<name>; sampling from it works",
+)
 def _save_for_sampler(w, call):
     path = call(w.training, "save_weights_for_sampler", "for-sampler").path
     assert path == f"tinker://{w.training.model_id}/sampler_weights/for-sampler"
     sampler = w.service.create_sampling_client(model_path=path).result()
-    assert sampler.sample(w.prompt(), num_samples=1, sampling_params=types.SamplingParams(max_tokens=1)).result().sequences
-
+    assert (
+        sampler.sample(w.prompt(), num_samples=1, sampling_params=types.SamplingParams(max_tokens=1)).result().sequences
+    )

@@ -84,7 +84,9 @@ class World:
         self.rest = tinker.RestClient()
 
     def new_training(self, seed: int = 0) -> tinker.TrainingClient:
-        return self.service.create_lora_training_client(base_model=MODEL, rank=4, seed=seed, user_metadata={"renderer_name": "qwen3"}).result()
+        return self.service.create_lora_training_client(
+            base_model=MODEL, rank=4, seed=seed, user_metadata={"renderer_name": "qwen3"}
+        ).result()
 
     @cached_property
     def training(self) -> tinker.TrainingClient:
@@ -134,7 +136,9 @@ class World:
         return self.training.save_weights_for_sampler(name).result().path
 
     def logprobs(self, client) -> list[np.ndarray]:
-        return [out["logprobs"].to_numpy() for out in client.forward(self.batch, "cross_entropy").result().loss_fn_outputs]
+        return [
+            out["logprobs"].to_numpy() for out in client.forward(self.batch, "cross_entropy").result().loss_fn_outputs
+        ]
 
     def prompt(self) -> types.ModelInput:
         return types.ModelInput.from_ints(self.tokenizer.encode("The quick brown fox"))
@@ -142,7 +146,9 @@ class World:
     def events(self, type_fragment: str) -> list[tuple]:
         database = sqlite3.connect(f"file:{self.server.data_dir / 'events.db'}?mode=ro", uri=True)
         try:
-            rows = database.execute("SELECT subject, data FROM events WHERE type LIKE ?", (f"%{type_fragment}%",)).fetchall()
+            rows = database.execute(
+                "SELECT subject, data FROM events WHERE type LIKE ?", (f"%{type_fragment}%",)
+            ).fetchall()
             return [(subject, bytes(data).decode() if data is not None else "") for subject, data in rows]
         finally:
             database.close()

@@ -136,13 +136,19 @@ def test_another_tenants_run_answers_like_an_unknown_one_and_the_operator_sees_a
     assert {(r["run_id"], r["tenant"]) for r in everyone["runs"]} == {(runs["run"], "alice"), (runs["bob_run"], "bob")}
     # Bad input: a clear 4xx that says what is wrong.
     api = httpx.Client(base_url=server.url + "/api/openrl/v1", headers={"X-API-Key": ALICE})
-    for path, params in (("/checkpoints/archive", {"path": "tinker://../x"}), ("/runs", {"limit": 0}), ("/runs", {"status": "odd"})):
+    for path, params in (
+        ("/checkpoints/archive", {"path": "tinker://../x"}),
+        ("/runs", {"limit": 0}),
+        ("/runs", {"status": "odd"}),
+    ):
         bad = api.get(path, params=params)
         assert bad.status_code == 400 and bad.json()["detail"], (path, bad.text)
     assert api.get("/runs", headers={"X-API-Key": "tml-nobody"}).status_code == 401
     api.close()
     # The operator's key is nobody's Tinker key.
-    refused = httpx.post(server.url + "/api/v1/create_session", json={"tags": [], "sdk_version": "x"}, headers={"X-API-Key": OPERATOR})
+    refused = httpx.post(
+        server.url + "/api/v1/create_session", json={"tags": [], "sdk_version": "x"}, headers={"X-API-Key": OPERATOR}
+    )
     assert refused.status_code == 401
 
 
@@ -157,9 +163,13 @@ def test_checkpoints_download_writes_the_archive_and_delete_removes(server, runs
     target = tmp_path / "kept.tar"
     code, written = as_json(server, capsys, ALICE, "checkpoints", "download", runs["kept"], "-o", str(target))
     assert code == 0 and written["size_bytes"] == target.stat().st_size
-    code, said = openrl(server, capsys, ALICE, "checkpoints", "download", runs["kept"], "-o", str(tmp_path / "again.tar"))
+    code, said = openrl(
+        server, capsys, ALICE, "checkpoints", "download", runs["kept"], "-o", str(tmp_path / "again.tar")
+    )
     assert code == 0 and said.strip() == f"wrote {tmp_path / 'again.tar'} ({target.stat().st_size} bytes)"
-    rest = httpx.get(server.url + "/api/openrl/v1/checkpoints/archive", params={"path": runs["kept"]}, headers={"X-API-Key": ALICE})
+    rest = httpx.get(
+        server.url + "/api/openrl/v1/checkpoints/archive", params={"path": runs["kept"]}, headers={"X-API-Key": ALICE}
+    )
     assert rest.status_code == 200 and target.read_bytes() == rest.content
     with tarfile.open(fileobj=io.BytesIO(rest.content)) as archive:
         assert sorted(archive.getnames()) == ["adapter_config.json", "adapter_model.safetensors"]
@@ -176,7 +186,7 @@ def test_checkpoints_download_writes_the_archive_and_delete_removes(server, runs
 
 
 def test_cancel_fails_queued_work_refuses_later_calls_keeps_checkpoints_and_replays(server, runs, capsys, tmp_path):
-    alice, run = runs["alice"], runs["run"]
+    alice = runs["alice"]
     training = alice.create_lora_training_client(base_model=MODEL, rank=4, seed=0).result()
     training.forward_backward(runs["batch"], "cross_entropy").result()
     training.optim_step(types.AdamParams(learning_rate=1e-3)).result()
@@ -199,7 +209,9 @@ def test_cancel_fails_queued_work_refuses_later_calls_keeps_checkpoints_and_repl
     assert done.returncode == 0 and answer["schema"] == "openrl.cancel.v1", done.stderr
     assert answer["cancelled_requests"] == 1 and len(answer["closed_sampling_sessions"]) == 1
 
-    failed = httpx.post(server.url + "/api/v1/retrieve_future", json={"request_id": queued}, headers={"X-API-Key": ALICE}).json()
+    failed = httpx.post(
+        server.url + "/api/v1/retrieve_future", json={"request_id": queued}, headers={"X-API-Key": ALICE}
+    ).json()
     assert failed["category"] == "user" and failed["error"].startswith("cancelled: ") and "test" in failed["error"]
     with pytest.raises(tinker.APIStatusError) as refused:
         training.forward_backward(runs["batch"], "cross_entropy").result()
@@ -210,7 +222,9 @@ def test_cancel_fails_queued_work_refuses_later_calls_keeps_checkpoints_and_repl
     _, again = as_json(server, capsys, ALICE, "runs", "cancel", training.model_id)
     assert again["status"] == 409 and "already cancelled" in again["detail"]
     capsys.readouterr()
-    assert cli.main(["runs", "cancel", training.model_id, "--url", server.url, "--api-key", ALICE]) == 1  # without --json: stderr
+    assert (
+        cli.main(["runs", "cancel", training.model_id, "--url", server.url, "--api-key", ALICE]) == 1
+    )  # without --json: stderr
     said = capsys.readouterr()
     assert said.out == "" and said.err.startswith("openrl runs cancel: ") and "already cancelled" in said.err
     _, cancelled = as_json(server, capsys, ALICE, "runs", "list", "--status", "cancelled")
@@ -233,7 +247,9 @@ def test_cancel_fails_queued_work_refuses_later_calls_keeps_checkpoints_and_repl
     engine.dispose()
     assert keys == {training.model_id, runs["bob_run"]}
     deadline = time.monotonic() + 30
-    while f"{training.model_id} was cancelled; dropped its state" not in server.log_tail() and time.monotonic() < deadline:
+    while (
+        f"{training.model_id} was cancelled; dropped its state" not in server.log_tail() and time.monotonic() < deadline
+    ):
         time.sleep(0.2)
     assert f"{training.model_id} was cancelled; dropped its state" in server.log_tail()
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 import tinker
-
 import tinker_cookbook
+
 from tests.e2e.conftest import API_KEY
 from tests.e2e.cookbook_rig import finite, read_jsonl, recipe_env, run_id_of, run_recipe
 
@@ -71,7 +71,12 @@ def test_sl_basic_on_the_bundled_conversations(sdk_env, hf_home, tmp_path):
     saved = read_jsonl(log_path / "checkpoints.jsonl")
     assert [row["name"] for row in saved] == ["000002", "final"]
     run_id = run_id_of(saved[-1]["state_path"])
-    assert checkpoint_ids(run_id) >= {"weights/000002", "sampler_weights/000002", "weights/final", "sampler_weights/final"}
+    assert checkpoint_ids(run_id) >= {
+        "weights/000002",
+        "sampler_weights/000002",
+        "weights/final",
+        "sampler_weights/final",
+    }
     run = tinker.RestClient().get_training_run(run_id).result()
     assert run.base_model == "Qwen/Qwen3-8B-Base" and run.lora_rank == 8
     assert (run.user_metadata or {}).get("renderer_name") == "role_colon"
@@ -96,7 +101,9 @@ def math_rl_args(log_path: Path, *extra: str, model: str = "Qwen/Qwen3-8B") -> l
 def test_math_rl_arithmetic_with_importance_sampling(sdk_env, hf_home, tmp_path):
     log_path = tmp_path / "math_rl"
     args = math_rl_args(log_path, "loss_fn=importance_sampling")
-    done = run_recipe("tinker_cookbook.recipes.math_rl.train", args, recipe_env(sdk_env.url, API_KEY, hf_home), tmp_path)
+    done = run_recipe(
+        "tinker_cookbook.recipes.math_rl.train", args, recipe_env(sdk_env.url, API_KEY, hf_home), tmp_path
+    )
     assert done.returncode == 0, done.stdout[-6000:]
     assert "Training completed successfully" in done.stdout
 
@@ -122,7 +129,9 @@ def test_math_rl_unchanged_trains_a_full_run_when_the_name_is_configured_full(sd
     full fine-tuning run, its sampler serves the published bf16 weights."""
     log_path = tmp_path / "math_rl_full"
     args = math_rl_args(log_path, "loss_fn=importance_sampling", model="Qwen/Qwen3-32B")
-    done = run_recipe("tinker_cookbook.recipes.math_rl.train", args, recipe_env(sdk_env.url, API_KEY, hf_home), tmp_path)
+    done = run_recipe(
+        "tinker_cookbook.recipes.math_rl.train", args, recipe_env(sdk_env.url, API_KEY, hf_home), tmp_path
+    )
     assert done.returncode == 0, done.stdout[-6000:]
     rows = {row["step"]: row for row in read_jsonl(log_path / "metrics.jsonl")}
     for step in (0, 1):
@@ -140,7 +149,10 @@ def test_math_rl_unchanged_trains_a_full_run_when_the_name_is_configured_full(sd
 def test_math_rl_default_stable_reinforce_is_refused_by_name(sdk_env, hf_home, tmp_path):
     """Its default loss needs samples taken with record_stability_info, which the server refuses."""
     done = run_recipe(
-        "tinker_cookbook.recipes.math_rl.train", math_rl_args(tmp_path / "math_rl"), recipe_env(sdk_env.url, API_KEY, hf_home), tmp_path
+        "tinker_cookbook.recipes.math_rl.train",
+        math_rl_args(tmp_path / "math_rl"),
+        recipe_env(sdk_env.url, API_KEY, hf_home),
+        tmp_path,
     )
     assert done.returncode != 0
     assert "Error code: 400" in done.stdout and "record_stability_info=true" in done.stdout, done.stdout[-4000:]

@@ -53,7 +53,12 @@ def server(tmp_path_factory):
 
 def batch_of(tokenizer) -> list[types.Datum]:
     tokens = tokenizer.encode("The quick brown fox jumps over the lazy dog.")
-    return [types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})]
+    return [
+        types.Datum(
+            model_input=types.ModelInput.from_ints(tokens[:-1]),
+            loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)},
+        )
+    ]
 
 
 @pytest.fixture
@@ -67,7 +72,9 @@ def browser(chromium, tmp_path):
     for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1400,1800",
                  f"--user-data-dir={tmp_path / 'chromium-profile'}"):  # fmt: skip
         options.add_argument(flag)
-    options.add_experimental_option("prefs", {"download.default_directory": str(tmp_path / "downloads"), "download.prompt_for_download": False})
+    options.add_experimental_option(
+        "prefs", {"download.default_directory": str(tmp_path / "downloads"), "download.prompt_for_download": False}
+    )
     # The driver path given: Selenium Manager would otherwise try to download one.
     driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
     try:
@@ -105,7 +112,12 @@ def test_the_dashboard_shows_a_live_run_and_cancels_it(server, browser, tmp_path
     run = training.model_id
     api = lambda path: httpx.get(f"{server.url}/api/openrl/v1{path}", headers={"X-API-Key": ALICE}).json()  # noqa: E731
     session_id = api(f"/runs/{run}")["run"]["session_id"]
-    bob_run = tinker.ServiceClient(base_url=server.url, api_key=BOB).create_lora_training_client(base_model=MODEL, rank=4).result().model_id
+    bob_run = (
+        tinker.ServiceClient(base_url=server.url, api_key=BOB)
+        .create_lora_training_client(base_model=MODEL, rank=4)
+        .result()
+        .model_id
+    )
 
     wait = WebDriverWait(browser, WAIT, ignored_exceptions=[StaleElementReferenceException])  # tables re-render
     find = browser.find_element
@@ -113,7 +125,9 @@ def test_the_dashboard_shows_a_live_run_and_cancels_it(server, browser, tmp_path
     def listed() -> list[tuple[str, str, str]]:
         """(run, tenant, status) of each row of the runs table."""
         rows = browser.find_elements(By.CSS_SELECTOR, "#runs-table tbody tr")
-        return [(r.get_attribute("data-run-id"), *[td.text for td in r.find_elements(By.TAG_NAME, "td")[1:3]]) for r in rows]
+        return [
+            (r.get_attribute("data-run-id"), *[td.text for td in r.find_elements(By.TAG_NAME, "td")[1:3]]) for r in rows
+        ]
 
     def use_key(key: str) -> None:
         field = find(By.ID, "api-key")
@@ -129,10 +143,14 @@ def test_the_dashboard_shows_a_live_run_and_cancels_it(server, browser, tmp_path
     use_key(ALICE)
     wait.until(lambda _: listed() == [(run, "alice", "active")])
     assert browser.execute_script("return localStorage.getItem('openrl.apiKey')") == ALICE
+
     # The sessions table: the run's session (one training run, one sampling session), not Bob's.
     def sessions() -> list[tuple[str, list[str]]]:
         rows = find(By.ID, "sessions-table").find_elements(By.CSS_SELECTOR, "tbody tr")
-        return [(r.get_attribute("data-session-id"), [td.text for td in r.find_elements(By.TAG_NAME, "td")[:5]]) for r in rows]
+        return [
+            (r.get_attribute("data-session-id"), [td.text for td in r.find_elements(By.TAG_NAME, "td")[:5]])
+            for r in rows
+        ]
 
     wait.until(lambda _: sessions() == [(session_id, [session_id, "alice", "open", "1", "1"])])
 
@@ -154,7 +172,11 @@ def test_the_dashboard_shows_a_live_run_and_cancels_it(server, browser, tmp_path
     wait.until(lambda _: drawn("loss") == list(zip([1, 2, 3], losses)))  # exactly what the SDK was told
     wait.until(lambda _: [y for _x, y in drawn("learning_rate")] == list(LEARNING_RATES))
     for chart in ("grad_norm", "tokens", "step_seconds", "queue_wait_seconds"):
-        wait.until(lambda _, chart=chart: find(By.CSS_SELECTOR, f'svg[data-chart="{chart}"]').get_attribute("data-points") == "3")
+        wait.until(
+            lambda _, chart=chart: (
+                find(By.CSS_SELECTOR, f'svg[data-chart="{chart}"]').get_attribute("data-points") == "3"
+            )
+        )
     # Sampling throughput per step: only step 3's window held a sample (the API's number drawn);
     # per request: both samples.
     sampling = api(f"/runs/{run}/sampling")
@@ -162,14 +184,20 @@ def test_the_dashboard_shows_a_live_run_and_cancels_it(server, browser, tmp_path
     assert len(sampling["samples"]) == 2
 
     wait.until(lambda _: drawn("sampling") == [(3, sampling["steps"][2]["tokens_per_second"])])
-    wait.until(lambda _: drawn("sampling_requests") == [(i + 1, s["tokens_per_second"]) for i, s in enumerate(sampling["samples"])])
+    wait.until(
+        lambda _: (
+            drawn("sampling_requests") == [(i + 1, s["tokens_per_second"]) for i, s in enumerate(sampling["samples"])]
+        )
+    )
     [checkpoint] = find(By.ID, "checkpoints-table").find_elements(By.CSS_SELECTOR, "tbody tr")
     assert checkpoint.find_element(By.TAG_NAME, "td").text == kept
     checkpoint.find_element(By.CSS_SELECTOR, "button.download").click()
     downloads = tmp_path / "downloads"
     wait.until(lambda _: [f for f in downloads.glob("*.tar")] if downloads.is_dir() else [])
     [archive] = downloads.glob("*.tar")
-    served = httpx.get(f"{server.url}/api/openrl/v1/checkpoints/archive", params={"path": kept}, headers={"X-API-Key": ALICE})
+    served = httpx.get(
+        f"{server.url}/api/openrl/v1/checkpoints/archive", params={"path": kept}, headers={"X-API-Key": ALICE}
+    )
     wait.until(lambda _: archive.stat().st_size == len(served.content))
     assert archive.read_bytes() == served.content and tarfile.is_tarfile(archive)
     # `openrl serve` runs a timeslicer: this run's turns on the device are drawn.
@@ -178,11 +206,17 @@ def test_the_dashboard_shows_a_live_run_and_cancels_it(server, browser, tmp_path
 
     # The live stream: its history, then a step taken now.
     wait.until(seen.text_to_be_present_in_element((By.ID, "live"), "live"))
-    seen_before = {int(li.get_attribute("data-position")) for li in find(By.ID, "events").find_elements(By.TAG_NAME, "li")}
+    seen_before = {
+        int(li.get_attribute("data-position")) for li in find(By.ID, "events").find_elements(By.TAG_NAME, "li")
+    }
     assert seen_before, "the stream starts with the run's recent history"
     training.forward_backward(batch, "cross_entropy").result()
-    fresh = f'#events li[data-name="training.forward_backward.completed"]'
-    wait.until(lambda d: any(int(li.get_attribute("data-position")) > max(seen_before) for li in d.find_elements(By.CSS_SELECTOR, fresh)))
+    fresh = '#events li[data-name="training.forward_backward.completed"]'
+    wait.until(
+        lambda d: any(
+            int(li.get_attribute("data-position")) > max(seen_before) for li in d.find_elements(By.CSS_SELECTOR, fresh)
+        )
+    )
     screenshot(browser, tmp_path, "dashboard-run.png")
 
     # Fork at step 3 (the field starts at the run's last step): the page names the fork and
@@ -196,7 +230,9 @@ def test_the_dashboard_shows_a_live_run_and_cancels_it(server, browser, tmp_path
     assert find(By.ID, "action-message").text.startswith(f"Forked at step 3: {fork} (ready)")
     forked = api(f"/runs/{fork}")
     assert forked["run"]["forked_from"] == {"run": run, "step": 3} and forked["run"]["status"] == "active"
-    assert f"tinker://{fork}/weights/forked-at-step-3" in [c["tinker_path"] for c in api(f"/checkpoints?run_id={fork}")["checkpoints"]]
+    assert f"tinker://{fork}/weights/forked-at-step-3" in [
+        c["tinker_path"] for c in api(f"/checkpoints?run_id={fork}")["checkpoints"]
+    ]
 
     cancel = find(By.ID, "run-cancel")
     cancel.click()
@@ -210,15 +246,27 @@ def test_the_dashboard_shows_a_live_run_and_cancels_it(server, browser, tmp_path
     assert shown["run"]["status"] == "cancelled" and shown["run"]["cancelled_at"]
     # Its saved checkpoint stays: listed by the API and the page, and it downloads the same bytes.
     assert [c["tinker_path"] for c in shown["checkpoints"]] == [kept]
-    wait.until(lambda _: [r.find_element(By.TAG_NAME, "td").text for r in find(By.ID, "checkpoints-table").find_elements(By.CSS_SELECTOR, "tbody tr")] == [kept])
-    after = httpx.get(f"{server.url}/api/openrl/v1/checkpoints/archive", params={"path": kept}, headers={"X-API-Key": ALICE})
+    wait.until(
+        lambda _: (
+            [
+                r.find_element(By.TAG_NAME, "td").text
+                for r in find(By.ID, "checkpoints-table").find_elements(By.CSS_SELECTOR, "tbody tr")
+            ]
+            == [kept]
+        )
+    )
+    after = httpx.get(
+        f"{server.url}/api/openrl/v1/checkpoints/archive", params={"path": kept}, headers={"X-API-Key": ALICE}
+    )
     assert after.status_code == 200 and after.content == served.content
     screenshot(browser, tmp_path, "dashboard-cancelled.png")
 
     # The operator's key sees the run (and its tenant) too.
     browser.get(server.url + "/dashboard#/")
     use_key(OPERATOR)
-    wait.until(lambda _: set(listed()) == {(run, "alice", "cancelled"), (fork, "alice", "active"), (bob_run, "bob", "active")})
+    wait.until(
+        lambda _: set(listed()) == {(run, "alice", "cancelled"), (fork, "alice", "active"), (bob_run, "bob", "active")}
+    )
     # No script error and no failed load on the way.
     errors = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors

@@ -59,12 +59,16 @@ def test_a_full_data_disk_is_a_clear_error_corrupts_nothing_and_the_service_resu
             blobs_are_whole(blobs)
             restored = client.create_training_client_from_state(before).result()
             # the checkpoint saved before the disk filled holds the weights that step ran on
-            assert restored.forward(batch, "cross_entropy").result(timeout=120).metrics["loss:sum"] == pytest.approx(step.metrics["loss:sum"], rel=1e-5)
+            assert restored.forward(batch, "cross_entropy").result(timeout=120).metrics["loss:sum"] == pytest.approx(
+                step.metrics["loss:sum"], rel=1e-5
+            )
 
             (blobs / "filler").unlink()
             after = training.save_state("while-full").result(timeout=120).path  # the same save, now with room
             again = client.create_training_client_from_state(after).result()
-            assert again.forward(batch, "cross_entropy").result(timeout=120).metrics["loss:sum"] < step.metrics["loss:sum"]
+            assert (
+                again.forward(batch, "cross_entropy").result(timeout=120).metrics["loss:sum"] < step.metrics["loss:sum"]
+            )
             blobs_are_whole(blobs)
         except Exception:
             print(server.log_tail())

@@ -117,5 +117,7 @@ def test_a_restarted_projector_catches_up_without_duplicates(cluster):
         .having(func.count() > 1)
     )
     assert duplicates == []
-    pending = cluster.query(select(func.count()).select_from(tables.futures).where(tables.futures.c.state.in_(("pending", "running"))))
+    pending = cluster.query(
+        select(func.count()).select_from(tables.futures).where(tables.futures.c.state.in_(("pending", "running")))
+    )
     assert pending == [(0,)]

@@ -53,7 +53,11 @@ def batch(tokenizer, repeats: int, loss: str) -> list[types.Datum]:
             inputs = {"target_tokens": piece[1:], "weights": [0.0] + [1.0] * (n - 1)}
         else:
             advantages = [(-1.0) ** i * (1 + i % 3) / 3 for i in range(n)]
-            inputs = {"target_tokens": piece[1:], "logprobs": [-8.0 - (i % 5) / 10 for i in range(n)], "advantages": advantages}
+            inputs = {
+                "target_tokens": piece[1:],
+                "logprobs": [-8.0 - (i % 5) / 10 for i in range(n)],
+                "advantages": advantages,
+            }
         data.append(types.Datum(model_input=types.ModelInput.from_ints(piece[:-1]), loss_fn_inputs=inputs))
     return data
 
@@ -62,9 +66,11 @@ def train(url: str, name: str, barrier=None) -> dict:
     """One run of STEPS steps; with `barrier`, each step's forward_backward is sent the moment
     every run is ready to send its own."""
     key, rank, seed, repeats, loss = RUNS[name]
-    training = tinker.ServiceClient(base_url=url, api_key=key).create_lora_training_client(
-        base_model=MODEL, rank=rank, seed=seed
-    ).result()
+    training = (
+        tinker.ServiceClient(base_url=url, api_key=key)
+        .create_lora_training_client(base_model=MODEL, rank=rank, seed=seed)
+        .result()
+    )
     data = batch(training.get_tokenizer(), repeats, loss)
     metrics, logprobs = [], []
     for _ in range(STEPS):

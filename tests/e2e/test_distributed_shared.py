@@ -94,7 +94,12 @@ def test_a_restarted_timeslicer_daemon_loses_no_step_and_doubles_none(cluster):
     assert cluster.checkpoint_files(path) == cluster.checkpoint_files(reference)
     sampler = training.save_weights_and_get_sampling_client().result()
     prompt = types.ModelInput.from_ints(training.get_tokenizer().encode("Two plus two"))
-    assert len(sampler.sample(prompt, num_samples=2, sampling_params=types.SamplingParams(max_tokens=3)).result().sequences) == 2
+    assert (
+        len(
+            sampler.sample(prompt, num_samples=2, sampling_params=types.SamplingParams(max_tokens=3)).result().sequences
+        )
+        == 2
+    )
     status = cluster.cli("timeslicer", "status", "--json", "--socket", str(cluster.socket))
     assert status.returncode == 0, status.stderr
     assert "re-registered" in cluster.workers["trainer"].log_tail() + cluster.workers["sampler"].log_tail()
@@ -116,7 +121,9 @@ def test_a_stopped_trainer_loses_the_device_and_its_replacement_finishes_the_run
             started = time.monotonic()
             # The sampler needs the device too: it gets it at the latest when the stopped
             # trainer's lease (2 s) lapses.
-            sample = base_sampler.sample(prompt, num_samples=1, sampling_params=types.SamplingParams(max_tokens=2)).result()
+            sample = base_sampler.sample(
+                prompt, num_samples=1, sampling_params=types.SamplingParams(max_tokens=2)
+            ).result()
             observed["sample_seconds"] = time.monotonic() - started
             observed["sampled"] = len(sample.sequences)
             replacement = cluster.start_role("trainer")  # same instance id: takes the partitions and the jobs over
@@ -136,7 +143,5 @@ def test_a_stopped_trainer_loses_the_device_and_its_replacement_finishes_the_run
     assert cluster.checkpoint_files(path) == cluster.checkpoint_files(reference)
     assert leases_never_go_back(cluster, training.model_id)[0]
     # every request of the run answered exactly once (a second answer would be a second row)
-    answered = cluster.query(
-        select(tables.futures.c.state).where(tables.futures.c.model_id == training.model_id)
-    )
+    answered = cluster.query(select(tables.futures.c.state).where(tables.futures.c.model_id == training.model_id))
     assert answered and all(state == "completed" for (state,) in answered)

@@ -86,9 +86,15 @@ def test_postgres_down_answers_503_retry_after_loses_nothing_and_the_run_resumes
     assert losses == reference_losses
     assert cluster.checkpoint_files(path) == cluster.checkpoint_files(reference_path)  # weights and optimizer, bitwise
 
-    steps = cluster.query(select(tables.run_steps.c.step).where(tables.run_steps.c.model_id == training.model_id, tables.run_steps.c.completed_at.is_not(None)))
+    steps = cluster.query(
+        select(tables.run_steps.c.step).where(
+            tables.run_steps.c.model_id == training.model_id, tables.run_steps.c.completed_at.is_not(None)
+        )
+    )
     assert sorted(step for (step,) in steps) in ([1, 2, 3], [0, 1, 2])
-    open_futures = cluster.query(select(func.count()).select_from(tables.futures).where(tables.futures.c.state.in_(("pending", "running"))))
+    open_futures = cluster.query(
+        select(func.count()).select_from(tables.futures).where(tables.futures.c.state.in_(("pending", "running")))
+    )
     assert open_futures == [(0,)]
     replayed = cluster.cli("replay")
     assert replayed.returncode == 0 and "projections match" in replayed.stdout, replayed.stdout + replayed.stderr

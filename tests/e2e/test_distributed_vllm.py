@@ -23,7 +23,9 @@ pytestmark = [
     pytest.mark.e2e,
     pytest.mark.kafka,
     pytest.mark.postgres,
-    pytest.mark.skipif(not (VLLM_ENV / "bin" / "python").exists(), reason=f"no vLLM venv at {VLLM_ENV}: run `make vllm`"),
+    pytest.mark.skipif(
+        not (VLLM_ENV / "bin" / "python").exists(), reason=f"no vLLM venv at {VLLM_ENV}: run `make vllm`"
+    ),
 ]
 
 

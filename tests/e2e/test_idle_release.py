@@ -85,7 +85,9 @@ def test_a_released_full_finetuning_run_resumes_and_publishes_like_one_never_rel
 
     def trained(training, index: int):
         loss = step(training, index)
-        sample = training.save_weights_and_get_sampling_client().result().sample(prompt, 1, greedy).result().sequences[0]
+        sample = (
+            training.save_weights_and_get_sampling_client().result().sample(prompt, 1, greedy).result().sequences[0]
+        )
         return loss, sample.tokens, sample.logprobs
 
     runs_a = [trained(a, 0)]

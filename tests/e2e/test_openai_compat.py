@@ -67,7 +67,14 @@ def test_greedy_completion_equals_the_tinker_sdk_sample_and_streams_the_same_tex
     assert answer.usage.total_tokens == len(prompt_tokens) + len(reference_tokens)
 
     # Streamed, with the prompt as token ids this time: the same request, the same text.
-    stream = oai.completions.create(model=MODEL, prompt=prompt_tokens, max_tokens=8, temperature=0, stream=True, stream_options={"include_usage": True})
+    stream = oai.completions.create(
+        model=MODEL,
+        prompt=prompt_tokens,
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     assert "".join(c.choices[0].text for c in chunks if c.choices) == choice.text
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == choice.finish_reason
@@ -87,7 +94,9 @@ def test_seeded_sampling_n_choices_stop_strings_and_prompt_lists(sdk_env):
     greedy = oai.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0).choices[0].text
     stop = greedy.strip()[3:6]  # a string the greedy text holds, past its first characters
     assert stop and stop in greedy
-    cut = oai.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, stop=[stop, "never-there"]).choices[0]
+    cut = oai.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, stop=[stop, "never-there"]
+    ).choices[0]
     assert (cut.text, cut.finish_reason) == (greedy[: greedy.find(stop)], "stop")
 
     batch = oai.completions.create(model=MODEL, prompt=[PROMPT, "Hello"], max_tokens=4, temperature=0, n=2)
@@ -99,7 +108,9 @@ def test_chat_completion_uses_the_chat_template_and_streams_the_same_text(sdk_en
     oai = client(sdk_env)
     templated = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
     prompt_tokens = tokenizer.encode(templated, add_special_tokens=False)
-    answer = oai.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=10, temperature=0, logprobs=True, top_logprobs=2)
+    answer = oai.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=10, temperature=0, logprobs=True, top_logprobs=2
+    )
     reference_tokens, reference_logprobs = sdk_greedy(prompt_tokens, 10)
     stopped = reference_tokens[-1] == tokenizer.eos_token_id and len(reference_tokens) < 10
     kept = reference_tokens[:-1] if stopped else reference_tokens
@@ -110,7 +121,9 @@ def test_chat_completion_uses_the_chat_template_and_streams_the_same_text(sdk_en
     assert all(e.top_logprobs[0].token == e.token for e in choice.logprobs.content)
     assert answer.usage.prompt_tokens == len(prompt_tokens) and answer.usage.completion_tokens == len(reference_tokens)
 
-    chunks = list(oai.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=10, temperature=0, stream=True))
+    chunks = list(
+        oai.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=10, temperature=0, stream=True)
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == choice.message.content
     assert chunks[-1].choices[0].finish_reason == choice.finish_reason
@@ -119,7 +132,10 @@ def test_chat_completion_uses_the_chat_template_and_streams_the_same_text(sdk_en
     streamed = list(oai.chat.completions.create(**seeded, stream=True))
     whole = oai.chat.completions.create(**seeded)
     for index, c in enumerate(whole.choices):
-        assert "".join(ch.choices[0].delta.content or "" for ch in streamed if ch.choices[0].index == index) == c.message.content
+        assert (
+            "".join(ch.choices[0].delta.content or "" for ch in streamed if ch.choices[0].index == index)
+            == c.message.content
+        )
 
 
 def train_one_step(service, model=MODEL):
@@ -144,8 +160,13 @@ def test_a_lora_sampler_checkpoint_is_a_model_of_its_tenant_only(sdk_env, tokeni
     tuned = alice.completions.create(model=path, prompt=PROMPT, max_tokens=6, temperature=0, logprobs=0).choices[0]
     base = alice.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0, logprobs=0).choices[0]
     reference_tokens, reference_logprobs = sdk_greedy(tokenizer.encode(PROMPT), 6, model_path=path)
-    assert tuned.logprobs.token_logprobs == pytest.approx(reference_logprobs[: len(tuned.logprobs.token_logprobs)], abs=1e-4)
-    assert (tuned.text, tuned.logprobs.token_logprobs) != (base.text, base.logprobs.token_logprobs)  # the adapter is applied
+    assert tuned.logprobs.token_logprobs == pytest.approx(
+        reference_logprobs[: len(tuned.logprobs.token_logprobs)], abs=1e-4
+    )
+    assert (tuned.text, tuned.logprobs.token_logprobs) != (
+        base.text,
+        base.logprobs.token_logprobs,
+    )  # the adapter is applied
 
     with pytest.raises(openai.NotFoundError) as theirs:
         bob.completions.create(model=path, prompt=PROMPT, max_tokens=2)
@@ -164,14 +185,18 @@ def test_chat_completion_on_a_sampler_checkpoint_path_samples_through_its_adapte
     path = train_one_step(tinker.ServiceClient(api_key=API_KEY))
     assert path.startswith("tinker://") and "/sampler_weights/" in path
     oai = client(sdk_env)
-    prompt_tokens = tokenizer.encode(tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False), add_special_tokens=False)
+    prompt_tokens = tokenizer.encode(
+        tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False), add_special_tokens=False
+    )
     answer = oai.chat.completions.create(model=path, messages=MESSAGES, max_tokens=8, temperature=0, logprobs=True)
     reference_tokens, reference_logprobs = sdk_greedy(prompt_tokens, 8, model_path=path)
     stopped = reference_tokens[-1] == tokenizer.eos_token_id and len(reference_tokens) < 8
     kept = reference_tokens[:-1] if stopped else reference_tokens
     choice = answer.choices[0]
     assert answer.model == path
-    assert choice.message.content == decode(tokenizer, kept) and choice.finish_reason == ("stop" if stopped else "length")
+    assert choice.message.content == decode(tokenizer, kept) and choice.finish_reason == (
+        "stop" if stopped else "length"
+    )
     assert [e.logprob for e in choice.logprobs.content] == pytest.approx(reference_logprobs[: len(kept)], abs=1e-4)
     assert answer.usage.prompt_tokens == len(prompt_tokens) and answer.usage.completion_tokens == len(reference_tokens)
     base_tokens, base_logprobs = sdk_greedy(prompt_tokens, 8)
@@ -206,7 +231,10 @@ def test_bad_key_unknown_model_and_bad_arguments_raise_the_clients_exceptions(sd
                 oai.completions.create(model=MODEL, prompt="hi", **{"max_tokens": 2, **arguments}, stream=stream)
     with pytest.raises(openai.BadRequestError, match="tools"):
         oai.chat.completions.create(
-            model=MODEL, messages=MESSAGES, max_tokens=2, tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]
+            model=MODEL,
+            messages=MESSAGES,
+            max_tokens=2,
+            tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
         )
     with pytest.raises(openai.BadRequestError, match="role"):
         oai.chat.completions.create(model=MODEL, messages=[{"role": "wizard", "content": "hi"}], max_tokens=2)

@@ -77,7 +77,9 @@ def state_files(server, path: str) -> dict[str, str]:
     engine = create_engine(f"sqlite:///{server.data_dir / 'events.db'}")
     with engine.connect() as conn:
         files = conn.execute(
-            select(tables.checkpoints.c.files).where(tables.checkpoints.c.run_id == run_id, tables.checkpoints.c.checkpoint_id == checkpoint_id)
+            select(tables.checkpoints.c.files).where(
+                tables.checkpoints.c.run_id == run_id, tables.checkpoints.c.checkpoint_id == checkpoint_id
+            )
         ).scalar()
     engine.dispose()
     assert files, f"no checkpoint {path}"
@@ -121,7 +123,12 @@ def test_a_fork_is_bitwise_a_run_stopped_at_that_step_and_continues_identically(
     train(stopped, range(3))
     stopped_state = stopped.save_state("stopped-at-3").result().path
     fork_state = state_files(server, forked["tinker_path"])
-    assert set(fork_state) == {"adapter_model.safetensors", "adapter_config.json", "optimizer.safetensors", "optimizer.json"}
+    assert set(fork_state) == {
+        "adapter_model.safetensors",
+        "adapter_config.json",
+        "optimizer.safetensors",
+        "optimizer.json",
+    }
     assert fork_state == state_files(server, stopped_state) == state_files(server, parent["at3"])
     assert fork_state["adapter_model.safetensors"] != state_files(server, parent["at6"])["adapter_model.safetensors"]
 
@@ -134,7 +141,9 @@ def test_a_fork_is_bitwise_a_run_stopped_at_that_step_and_continues_identically(
     assert after[0] == after[1] == after[2] and after[0] != fork_state
 
     shown = httpx.get(f"{server.url}/api/openrl/v1/runs/{forked['run_id']}", headers={"X-API-Key": ALICE}).json()["run"]
-    assert shown["forked_from"] == {"run": run_id, "step": 3} and shown["status"] == "active" and shown["lora_rank"] == 4
+    assert (
+        shown["forked_from"] == {"run": run_id, "step": 3} and shown["status"] == "active" and shown["lora_rank"] == 4
+    )
     capsys.readouterr()
     assert cli.main(["runs", "show", forked["run_id"], "--url", server.url, "--api-key", ALICE]) == 0
     assert f"forked_from             {run_id} at step 3" in capsys.readouterr().out
@@ -147,7 +156,10 @@ def test_fork_at_step_0_and_at_the_last_step(server, alice, parent, capsys):
     code, last = fork(server, capsys, run_id, 6)
     assert code == 0 and last["status"] == "ready"
     # The snapshot after step 6 if it was stored by then, else the one after step 4 plus replay.
-    assert last["rebuilt_from"] in ({"snapshot_step": 6, "replayed_requests": 0}, {"snapshot_step": 4, "replayed_requests": 4})
+    assert last["rebuilt_from"] in (
+        {"snapshot_step": 6, "replayed_requests": 0},
+        {"snapshot_step": 4, "replayed_requests": 4},
+    )
     assert state_files(server, last["tinker_path"]) == state_files(server, parent["at6"])
 
     code, first = fork(server, capsys, run_id, 0)
@@ -161,14 +173,21 @@ def test_the_table_answer_and_a_retried_fork(server, parent, capsys):
     capsys.readouterr()
     assert cli.main(["runs", "fork", run_id, "--at-step", "2", "--url", server.url, "--api-key", ALICE]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith(f"forked {run_id} at step 2 as ") and lines[1].startswith("state (weights and optimizer): tinker://")
+    assert lines[0].startswith(f"forked {run_id} at step 2 as ") and lines[1].startswith(
+        "state (weights and optimizer): tinker://"
+    )
     assert "create_training_client_from_state_with_optimizer('tinker://" in lines[2]
 
-    api = httpx.Client(base_url=f"{server.url}/api/openrl/v1", headers={"X-API-Key": ALICE, "X-Idempotency-Key": "retry-me"})
+    api = httpx.Client(
+        base_url=f"{server.url}/api/openrl/v1", headers={"X-API-Key": ALICE, "X-Idempotency-Key": "retry-me"}
+    )
     first = api.post(f"/runs/{run_id}/fork", json={"step": 1}).json()
     again = api.post(f"/runs/{run_id}/fork", json={"step": 1}).json()
     assert first["status"] == again["status"] == "ready"
-    assert (again["run_id"], again["request_id"]) == (first["run_id"], first["request_id"])  # the same fork, not a second one
+    assert (again["run_id"], again["request_id"]) == (
+        first["run_id"],
+        first["request_id"],
+    )  # the same fork, not a second one
     other = api.post(f"/runs/{run_id}/fork", json={"step": 2})
     assert other.status_code == 409 and "X-Idempotency-Key was used for a fork at step 1" in other.json()["detail"]
     api.close()
@@ -190,7 +209,9 @@ def test_a_seedless_run_forks_from_its_creation_and_a_cancelled_run_still_forks(
 
 
 def test_full_finetuning_forks_the_same_way(server, alice, capsys):
-    training = alice.create_lora_training_client(base_model=MODEL, user_metadata={"openrl.full_finetune": "true"}).result()
+    training = alice.create_lora_training_client(
+        base_model=MODEL, user_metadata={"openrl.full_finetune": "true"}
+    ).result()
     train(training, range(3))  # a snapshot after step 2
     at3 = training.save_state("at-3").result().path
     code, forked = fork(server, capsys, training.model_id, 3)
@@ -234,7 +255,9 @@ def test_bad_steps_other_tenants_and_unforkable_runs(server, alice, parent, caps
 def test_forks_are_events_that_replay_rebuilds(server, alice, parent, capsys):
     engine = create_engine(f"sqlite:///{server.data_dir / 'events.db'}")
     with engine.connect() as conn:
-        keys = [row.key for row in conn.execute(text("SELECT key FROM events WHERE type = :t"), {"t": FORK["requested"]})]
+        keys = [
+            row.key for row in conn.execute(text("SELECT key FROM events WHERE type = :t"), {"t": FORK["requested"]})
+        ]
     engine.dispose()
     assert len(keys) >= 8 and len(set(keys)) == len(keys)  # one event per fork, the retried one included once
     close_service(alice)  # no more heartbeats: the store stands still

@@ -38,7 +38,12 @@ def batch(lengths: list[int], seed: int) -> list[types.Datum]:
     data = []
     for length in lengths:
         row = rng.integers(100, 5000, size=length + 1).tolist()
-        data.append(types.Datum(model_input=types.ModelInput.from_ints(row[:-1]), loss_fn_inputs={"target_tokens": row[1:], "weights": [1.0] * length}))
+        data.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(row[:-1]),
+                loss_fn_inputs={"target_tokens": row[1:], "weights": [1.0] * length},
+            )
+        )
     return data
 
 
@@ -53,22 +58,33 @@ class RawModel:
     def forward_backward(self, data, forward_only: bool = False) -> types.ForwardBackwardOutput:
         self.seq_id += 1
         request = types.ForwardBackwardRequest(
-            forward_backward_input=types.ForwardBackwardInput(data=data, loss_fn="cross_entropy"), model_id=self.model_id, seq_id=self.seq_id
+            forward_backward_input=types.ForwardBackwardInput(data=data, loss_fn="cross_entropy"),
+            model_id=self.model_id,
+            seq_id=self.seq_id,
         )
         message = forward_backward_request_to_proto(request)
         message.forward_only = forward_only
-        future = self.http.post("/forward_backward", content=message.SerializeToString(), headers={"Content-Type": "application/x-protobuf"})
+        future = self.http.post(
+            "/forward_backward", content=message.SerializeToString(), headers={"Content-Type": "application/x-protobuf"}
+        )
         return deserialize_proto_response(self.result(future.json()["request_id"]).content, types.ForwardBackwardOutput)
 
     def optim_step(self, adam: types.AdamParams) -> dict:
         self.seq_id += 1
-        body = {"model_id": self.model_id, "seq_id": self.seq_id, "adam_params": adam.model_dump(), "type": "optim_step"}
+        body = {
+            "model_id": self.model_id,
+            "seq_id": self.seq_id,
+            "adam_params": adam.model_dump(),
+            "type": "optim_step",
+        }
         return self.result(self.http.post("/optim_step", json=body).json()["request_id"]).json()
 
     def result(self, request_id: str) -> httpx.Response:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            answer = self.http.post("/retrieve_future", json={"request_id": request_id}, headers={"Accept": "application/x-protobuf"})
+            answer = self.http.post(
+                "/retrieve_future", json={"request_id": request_id}, headers={"Accept": "application/x-protobuf"}
+            )
             if answer.status_code != 408:
                 assert answer.status_code == 200 and "error" not in answer.headers.get("content-type", ""), answer.text
                 return answer
@@ -86,7 +102,9 @@ def test_sdk_chunks_train_exactly_like_one_request(sdk_env, monkeypatch):
     monkeypatch.setattr(AsyncTrainingResource, "forward_backward", recording)
     service = tinker.ServiceClient()
     chunked = service.create_lora_training_client(base_model=MODEL, rank=4, seed=7).result()
-    single = RawModel(sdk_env.url, service.create_lora_training_client(base_model=MODEL, rank=4, seed=7).result().model_id)
+    single = RawModel(
+        sdk_env.url, service.create_lora_training_client(base_model=MODEL, rank=4, seed=7).result().model_id
+    )
     data, probe = batch([1] * 1024 + [2] * (DATUMS - 1024), seed=0), batch([6, 6, 9, 3], seed=1)
 
     by_sdk = chunked.forward_backward(data, "cross_entropy").result()
@@ -103,8 +121,13 @@ def test_sdk_chunks_train_exactly_like_one_request(sdk_env, monkeypatch):
     after_one = single.forward_backward(probe, forward_only=True)
     for a, b in zip(after_sdk.loss_fn_outputs, after_one.loss_fn_outputs):
         np.testing.assert_array_equal(a["logprobs"].to_numpy(), b["logprobs"].to_numpy())
-    before_probe = RawModel(sdk_env.url, service.create_lora_training_client(base_model=MODEL, rank=4, seed=7).result().model_id)
+    before_probe = RawModel(
+        sdk_env.url, service.create_lora_training_client(base_model=MODEL, rank=4, seed=7).result().model_id
+    )
     untrained = before_probe.forward_backward(probe, forward_only=True)
-    moved = any(not np.array_equal(a["logprobs"].to_numpy(), u["logprobs"].to_numpy()) for a, u in zip(after_sdk.loss_fn_outputs, untrained.loss_fn_outputs))
+    moved = any(
+        not np.array_equal(a["logprobs"].to_numpy(), u["logprobs"].to_numpy())
+        for a, u in zip(after_sdk.loss_fn_outputs, untrained.loss_fn_outputs)
+    )
     assert moved  # the step did change the weights, so the equality above means something
     close_service(service)

@@ -39,7 +39,9 @@ async def _close_async(step, gate):
     await step(gate)
 
 
-@pytest.mark.parametrize("step, phase", [(_close_holders, "cleanup"), (_finish_session_async, "finish"), (_never, "unknown")])
+@pytest.mark.parametrize(
+    "step, phase", [(_close_holders, "cleanup"), (_finish_session_async, "finish"), (_never, "unknown")]
+)
 def test_a_stuck_close_is_placed_in_its_step(loop, step, phase):
     gate = asyncio.Event()
     future = asyncio.run_coroutine_threadsafe(_close_async(step, gate), loop)

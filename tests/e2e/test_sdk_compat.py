@@ -44,11 +44,17 @@ def quirky_server(tmp_path_factory):
 def test_tinker_0_22_walkthrough(quirky_server, tmp_path):
     if not OLD_SDK_PYTHON.exists():
         pytest.skip("no .venv-sdk-0.22: run `make sdk-0.22`")
-    env = dict(os.environ, TINKER_BASE_URL=quirky_server.url, TINKER_API_KEY=API_KEY, TINKER_TELEMETRY="0", HF_HUB_OFFLINE="1")
+    env = dict(
+        os.environ, TINKER_BASE_URL=quirky_server.url, TINKER_API_KEY=API_KEY, TINKER_TELEMETRY="0", HF_HUB_OFFLINE="1"
+    )
     env.pop("PYTHONPATH", None)
     script = REPO / "tests" / "e2e" / "sdk_0_22_walkthrough.py"
-    run = subprocess.run([str(OLD_SDK_PYTHON), str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-6000:]}\n--- server ---\n{quirky_server.log_tail()}"
+    run = subprocess.run(
+        [str(OLD_SDK_PYTHON), str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, (
+        f"{run.stdout[-3000:]}\n{run.stderr[-6000:]}\n--- server ---\n{quirky_server.log_tail()}"
+    )
     facts = json.loads(run.stdout.strip().splitlines()[-1])
     assert facts["json_fwdbwd_calls"] >= 4 and facts["json_forward_calls"] >= 3  # no protobuf bodies from 0.22
     assert facts["408"] > 0  # re-polled at once, and every future still resolved
@@ -58,7 +64,10 @@ def test_tinker_0_22_walkthrough(quirky_server, tmp_path):
 
 def test_tinker_0_38_takes_408_and_complete_metadata_in_its_stride(quirky_server, monkeypatch):
     seen = {"408": 0, "metadata": 0}
-    to_transport_error, handle_outcome = api_future_impl._rest_status_error_to_transport_error, api_future_impl._APIFuture._handle_outcome
+    to_transport_error, handle_outcome = (
+        api_future_impl._rest_status_error_to_transport_error,
+        api_future_impl._APIFuture._handle_outcome,
+    )
 
     def counting_transport_error(error):
         seen["408"] += error.response.status_code == 408
@@ -74,13 +83,18 @@ def test_tinker_0_38_takes_408_and_complete_metadata_in_its_stride(quirky_server
     service = tinker.ServiceClient(base_url=quirky_server.url, api_key=API_KEY)
     training = service.create_lora_training_client(base_model=MODEL, rank=4, seed=1).result()
     tokens = list(range(100, 120))
-    datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * 19})
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * 19},
+    )
     before = training.forward_backward([datum], "cross_entropy").result()
     training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
     after = training.forward([datum], "cross_entropy").result()
     assert after.metrics["loss:sum"] < before.metrics["loss:sum"]
     sampler = training.save_weights_and_get_sampling_client().result()
-    response = sampler.sample(types.ModelInput.from_ints(tokens[:5]), 2, types.SamplingParams(max_tokens=6, seed=3, stop=[])).result()
+    response = sampler.sample(
+        types.ModelInput.from_ints(tokens[:5]), 2, types.SamplingParams(max_tokens=6, seed=3, stop=[])
+    ).result()
     assert [len(s.tokens) for s in response.sequences] == [6, 6]
     assert seen["408"] > 0 and seen["metadata"] > 0, seen
     close_service(service)

@@ -14,11 +14,11 @@ from sqlalchemy import create_engine, select
 from tinker import types
 
 from eventing.store import tables
+from tests.e2e.sdk_close import close_service
 from tests.e2e.test_sdk_losses import DEFAULTS, reference_loss, rl_batch
 from tests.e2e.test_sdk_rest import download
 from tests.functions.trainer.conftest import sft_batch
 from tests.functions.trainer.test_full import STEPS, reference_steps
-from tests.e2e.sdk_close import close_service
 
 pytestmark = pytest.mark.e2e
 
@@ -30,7 +30,10 @@ def datums(batch):
     return [
         types.Datum(
             model_input=types.ModelInput.from_ints(d.tokens_N.tolist()),
-            loss_fn_inputs={"target_tokens": d.loss_fn_inputs["target_tokens"].tolist(), "weights": d.loss_fn_inputs["weights"].tolist()},
+            loss_fn_inputs={
+                "target_tokens": d.loss_fn_inputs["target_tokens"].tolist(),
+                "weights": d.loss_fn_inputs["weights"].tolist(),
+            },
         )
         for d in batch
     ]
@@ -72,7 +75,9 @@ def test_a_full_run_is_asked_for_with_metadata_and_reported_as_full(sdk_env):
     # a LoRA checkpoint does not load into a full run, nor the other way round
     lora = service.create_lora_training_client(base_model=MODEL, rank=4).result()
     lora_state = lora.save_state("lora-0").result().path
-    with pytest.raises(tinker.BadRequestError, match="holds a LoRA adapter's weights; model .* is a full fine-tuning run"):
+    with pytest.raises(
+        tinker.BadRequestError, match="holds a LoRA adapter's weights; model .* is a full fine-tuning run"
+    ):
         training.load_state(lora_state).result()
     with pytest.raises(tinker.BadRequestError, match="holds a full fine-tuning run's weights"):
         lora.load_state(state).result()
@@ -115,7 +120,10 @@ def full_rig(server):
     sequences = [(tokenizer.encode(p), tokenizer.encode(c)) for p, c in zip(PROMPTS, COMPLETIONS)]
     probe = [types.Datum(model_input=types.ModelInput.from_ints((p + c)[:-1]), loss_fn_inputs={"target_tokens": (p + c)[1:]})
              for p, c in sequences]  # fmt: skip
-    current = [out["logprobs"].to_numpy().astype(np.float64) for out in training.forward(probe, "cross_entropy").result().loss_fn_outputs]
+    current = [
+        out["logprobs"].to_numpy().astype(np.float64)
+        for out in training.forward(probe, "cross_entropy").result().loss_fn_outputs
+    ]
     yield training, sequences, current
     close_service(service)
 
@@ -193,7 +201,13 @@ def test_sampling_serves_the_published_bf16_weights_synced_by_deltas(sdk_env, ti
     sampler = samplers[-1].result()
     named = training.save_weights_for_sampler("synced").result().path
     got = sampler.sample(prompt, num_samples=1, sampling_params=params).result().sequences[0]
-    by_path = service.create_sampling_client(model_path=named).result().sample(prompt, num_samples=1, sampling_params=params).result().sequences[0]
+    by_path = (
+        service.create_sampling_client(model_path=named)
+        .result()
+        .sample(prompt, num_samples=1, sampling_params=params)
+        .result()
+        .sequences[0]
+    )
 
     # the reference: the trainer's weights rounded to bf16 (the serving dtype), greedy
     state = _final_weights(training)
@@ -202,7 +216,9 @@ def test_sampling_serves_the_published_bf16_weights_synced_by_deltas(sdk_env, ti
         for key, param in model.named_parameters():
             param.copy_(state[key].to(torch.bfloat16).to(torch.float32))
         ids = torch.tensor([prompt.to_ints()])
-        expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False)[0, ids.shape[1]:].tolist()
+        expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False)[
+            0, ids.shape[1] :
+        ].tolist()
         logits = model(torch.tensor([prompt.to_ints() + got.tokens[:-1]])).logits[0, len(prompt.to_ints()) - 1 :]
         want_logprobs = torch.log_softmax(logits.double(), -1)[torch.arange(len(got.tokens)), torch.tensor(got.tokens)]
     assert got.tokens == expected == by_path.tokens

@@ -52,7 +52,10 @@ def rig(server):
         types.Datum(model_input=types.ModelInput.from_ints((p + c)[:-1]), loss_fn_inputs={"target_tokens": (p + c)[1:]})
         for p, c in sequences
     ]
-    current = [out["logprobs"].to_numpy().astype(np.float64) for out in training.forward(probe, "cross_entropy").result().loss_fn_outputs]
+    current = [
+        out["logprobs"].to_numpy().astype(np.float64)
+        for out in training.forward(probe, "cross_entropy").result().loss_fn_outputs
+    ]
     yield training, sequences, current
     close_service(service)
 
@@ -76,7 +79,12 @@ def rl_batch(sequences, current, with_mask: bool) -> tuple[list[types.Datum], li
         if with_mask:
             row["sequence_ratio_mask"] = sampled.astype(np.float32)
         inputs.append(row)
-        data.append(types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={k: v.tolist() for k, v in row.items()}))
+        data.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(tokens[:-1]),
+                loss_fn_inputs={k: v.tolist() for k, v in row.items()},
+            )
+        )
     return data, inputs
 
 
@@ -144,12 +152,22 @@ def test_cross_entropy_with_signed_weights(rig):
     data, inputs = [], []
     for prompt, completion in sequences:
         tokens = prompt + completion
-        row = {"target_tokens": np.asarray(tokens[1:], dtype=np.int64), "weights": rng.normal(size=len(tokens) - 1).astype(np.float32)}
+        row = {
+            "target_tokens": np.asarray(tokens[1:], dtype=np.int64),
+            "weights": rng.normal(size=len(tokens) - 1).astype(np.float32),
+        }
         inputs.append(row)
-        data.append(types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={k: v.tolist() for k, v in row.items()}))
+        data.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(tokens[:-1]),
+                loss_fn_inputs={k: v.tolist() for k, v in row.items()},
+            )
+        )
     output = training.forward_backward(data, "cross_entropy").result()
     returned = [out["logprobs"].to_numpy() for out in output.loss_fn_outputs]
-    assert output.metrics["loss:sum"] == pytest.approx(reference_loss("cross_entropy", returned, inputs, {}), rel=1e-4, abs=1e-4)
+    assert output.metrics["loss:sum"] == pytest.approx(
+        reference_loss("cross_entropy", returned, inputs, {}), rel=1e-4, abs=1e-4
+    )
 
 
 def test_per_token_clip_thresholds_override_the_config(rig):
@@ -176,7 +194,9 @@ def test_a_config_key_the_loss_does_not_use_is_refused(rig):
 def test_stable_reinforce_is_refused_by_name(rig):
     training, sequences, current = rig
     data, _ = rl_batch(sequences, current, with_mask=False)
-    with pytest.raises(tinker.BadRequestError, match="loss_fn 'stable_reinforce' is not supported.*record_stability_info"):
+    with pytest.raises(
+        tinker.BadRequestError, match="loss_fn 'stable_reinforce' is not supported.*record_stability_info"
+    ):
         training.forward_backward(data, "stable_reinforce").result()
     sampler = training.save_weights_and_get_sampling_client(record_stability_info=True).result()
     prompt = types.ModelInput.from_ints(sequences[0][0])
@@ -194,11 +214,24 @@ def test_forward_backward_custom_takes_the_cross_entropy_step(sdk_env):
     for (prompt, completion), scale in zip(zip(PROMPTS, COMPLETIONS), scales):
         tokens = tokenizer.encode(prompt + completion)
         weights = np.linspace(0.0, 1.0, len(tokens) - 1, dtype=np.float32)
-        data.append(types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights.tolist()}))
-        scaled.append(types.Datum(model_input=data[-1].model_input, loss_fn_inputs={"target_tokens": tokens[1:], "weights": (weights * scale).tolist()}))
+        data.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(tokens[:-1]),
+                loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights.tolist()},
+            )
+        )
+        scaled.append(
+            types.Datum(
+                model_input=data[-1].model_input,
+                loss_fn_inputs={"target_tokens": tokens[1:], "weights": (weights * scale).tolist()},
+            )
+        )
 
     def weighted_nll(batch, logprobs_list):
-        loss = sum(-(lp * datum.loss_fn_inputs["weights"].to_torch() * s).sum() for datum, lp, s in zip(batch, logprobs_list, scales))
+        loss = sum(
+            -(lp * datum.loss_fn_inputs["weights"].to_torch() * s).sum()
+            for datum, lp, s in zip(batch, logprobs_list, scales)
+        )
         return loss, {"custom/tokens:sum": float(sum(lp.numel() for lp in logprobs_list))}
 
     adam = types.AdamParams(learning_rate=1e-2)

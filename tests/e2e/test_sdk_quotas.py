@@ -31,7 +31,13 @@ def server(tmp_path_factory, tiny_files):
 def data() -> list[types.Datum]:
     rng = np.random.default_rng(0)
     rows = [rng.integers(100, 5000, size=9).tolist() for _ in range(2)]
-    return [types.Datum(model_input=types.ModelInput.from_ints(r[:-1]), loss_fn_inputs={"target_tokens": r[1:], "weights": [1.0] * 8}) for r in rows]
+    return [
+        types.Datum(
+            model_input=types.ModelInput.from_ints(r[:-1]),
+            loss_fn_inputs={"target_tokens": r[1:], "weights": [1.0] * 8},
+        )
+        for r in rows
+    ]
 
 
 def step(server, key: str):

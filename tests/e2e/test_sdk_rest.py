@@ -21,9 +21,14 @@ MODEL = "openrl/tiny-qwen3"
 
 
 def trained(service, steps=2):
-    training = service.create_lora_training_client(base_model=MODEL, rank=4, seed=11, user_metadata={"renderer_name": "qwen3"}).result()
+    training = service.create_lora_training_client(
+        base_model=MODEL, rank=4, seed=11, user_metadata={"renderer_name": "qwen3"}
+    ).result()
     tokens = training.get_tokenizer().encode("the quick brown fox jumps over the lazy dog again and again")
-    datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)},
+    )
     for _ in range(steps):
         training.forward_backward([datum], "cross_entropy").result()
         training.optim_step(types.AdamParams(learning_rate=2e-2)).result()
@@ -88,28 +93,45 @@ def test_rest_client_over_runs_checkpoints_and_sessions(sdk_env, tiny_files, tmp
     # checkpoints
     listed = {c.checkpoint_id: c for c in rest.list_checkpoints(run_id).result().checkpoints}
     assert set(listed) == {"weights/state-1", "sampler_weights/sampler-1", "external_weights/export-1"}
-    assert listed["external_weights/export-1"].checkpoint_type == "external" and listed["external_weights/export-1"].size_bytes > 0
+    assert (
+        listed["external_weights/export-1"].checkpoint_type == "external"
+        and listed["external_weights/export-1"].size_bytes > 0
+    )
     assert listed["weights/state-1"].expires_at is not None
     mine = rest.list_user_checkpoints(limit=100).result()
     assert {"weights/state-1", "external_weights/export-1"} <= {c.checkpoint_id for c in mine.checkpoints}
     assert mine.cursor.total_count >= 3
     info = rest.get_weights_info_by_tinker_path(state).result()
-    assert (info.base_model, info.is_lora, info.lora_rank, info.train_unembed, info.train_mlp, info.train_attn) == (MODEL, True, 4, True, True, True)
+    assert (info.base_model, info.is_lora, info.lora_rank, info.train_unembed, info.train_mlp, info.train_attn) == (
+        MODEL,
+        True,
+        4,
+        True,
+        True,
+        True,
+    )
 
     rest.publish_checkpoint_from_tinker_path(state).result()
     assert next(c for c in rest.list_checkpoints(run_id).result().checkpoints if c.tinker_path == state).public
     rest.unpublish_checkpoint_from_tinker_path(state).result()
     assert not next(c for c in rest.list_checkpoints(run_id).result().checkpoints if c.tinker_path == state).public
     rest.set_checkpoint_ttl_from_tinker_path(state, None).result()
-    assert next(c for c in rest.list_checkpoints(run_id).result().checkpoints if c.tinker_path == state).expires_at is None
+    assert (
+        next(c for c in rest.list_checkpoints(run_id).result().checkpoints if c.tinker_path == state).expires_at is None
+    )
     rest.set_checkpoint_ttl_from_tinker_path(export, 7200).result()
-    assert next(c for c in rest.list_checkpoints(run_id).result().checkpoints if c.tinker_path == export).expires_at is not None
+    assert (
+        next(c for c in rest.list_checkpoints(run_id).result().checkpoints if c.tinker_path == export).expires_at
+        is not None
+    )
 
     # the export: signed links, a plain urllib download, PEFT on the base model gives the server's logprobs
     links = rest.get_external_weights_urls(export).result()
     assert set(links.urls) == {"adapter_model.safetensors", "adapter_config.json"}
     download(links.urls, tmp_path / "export")
-    np.testing.assert_allclose(peft_logprobs(tiny_files, tmp_path / "export", tokens, merge=False), reference, atol=1e-4)
+    np.testing.assert_allclose(
+        peft_logprobs(tiny_files, tmp_path / "export", tokens, merge=False), reference, atol=1e-4
+    )
     np.testing.assert_allclose(peft_logprobs(tiny_files, tmp_path / "export", tokens, merge=True), reference, atol=1e-4)
 
     # copy_weights: a new run holds the copy; it loads into a training client with the same weights

@@ -19,7 +19,10 @@ MODEL = "openrl/tiny-qwen3"
 def trained_client(service, steps=2):
     training = service.create_lora_training_client(base_model=MODEL, rank=4, seed=3).result()
     tokens = training.get_tokenizer().encode("one two three four five six seven eight nine ten")
-    datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)},
+    )
     for _ in range(steps):
         training.forward_backward([datum], "cross_entropy").result()
         training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
@@ -43,9 +46,21 @@ def test_named_sampler_checkpoint_and_sampling_parameters(sdk_env):
     stopped = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=6, temperature=0.0, stop=[stop_token])).result()
     assert stopped.sequences[0].tokens == first.sequences[0].tokens[:3]  # the stop token is kept
     assert stopped.sequences[0].stop_reason == "stop"
-    assert sampler.sample(prompt, 1, types.SamplingParams(max_tokens=2, temperature=0.0, stop=[])).result().sequences[0].stop_reason == "length"
+    assert (
+        sampler.sample(prompt, 1, types.SamplingParams(max_tokens=2, temperature=0.0, stop=[]))
+        .result()
+        .sequences[0]
+        .stop_reason
+        == "length"
+    )
 
-    top_k = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=1, temperature=0.0), include_prompt_logprobs=True, topk_prompt_logprobs=3).result()
+    top_k = sampler.sample(
+        prompt,
+        1,
+        types.SamplingParams(max_tokens=1, temperature=0.0),
+        include_prompt_logprobs=True,
+        topk_prompt_logprobs=3,
+    ).result()
     assert top_k.prompt_logprobs[0] is None and len(top_k.prompt_logprobs) == prompt.length
     assert top_k.topk_prompt_logprobs[0] is None
     for position in range(1, prompt.length):

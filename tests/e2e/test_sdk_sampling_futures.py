@@ -28,7 +28,9 @@ PROMPT = types.ModelInput.from_ints([785, 3974, 13876, 38835])
 def server_flags(url: str) -> tuple[dict, dict]:
     headers = {"X-API-Key": API_KEY}
     static = httpx.post(url + "/api/v1/client/config", json={"sdk_version": tinker.__version__}, headers=headers).json()
-    dynamic = httpx.post(url + "/api/v1/client/dynamic_config", json={"sdk_version": tinker.__version__}, headers=headers).json()
+    dynamic = httpx.post(
+        url + "/api/v1/client/dynamic_config", json={"sdk_version": tinker.__version__}, headers=headers
+    ).json()
     return static, dynamic
 
 
@@ -60,11 +62,19 @@ def test_concurrent_samples_arrive_through_the_session_poller(sdk_env):
     assert static["sample_use_retrieve_futures"] is True and dynamic["sample_cancel_enabled"] is True
     service = tinker.ServiceClient()
     sampler = service.create_sampling_client(base_model=MODEL).result()
-    futures = [sampler.sample(PROMPT, 1, types.SamplingParams(max_tokens=n, temperature=0.0, stop=[])) for n in (1, 6, 3, 9, 2)]
+    futures = [
+        sampler.sample(PROMPT, 1, types.SamplingParams(max_tokens=n, temperature=0.0, stop=[])) for n in (1, 6, 3, 9, 2)
+    ]
     assert [len(f.result().sequences[0].tokens) for f in futures] == [1, 6, 3, 9, 2]
     assert sampler._futures_poller is not None  # they waited on retrieve_futures, not each on its own poll
     greedy = futures[3].result().sequences[0].tokens
-    assert sampler.sample(PROMPT, 1, types.SamplingParams(max_tokens=9, temperature=0.0, stop=[])).result().sequences[0].tokens == greedy
+    assert (
+        sampler.sample(PROMPT, 1, types.SamplingParams(max_tokens=9, temperature=0.0, stop=[]))
+        .result()
+        .sequences[0]
+        .tokens
+        == greedy
+    )
     logprobs = sampler.compute_logprobs(PROMPT).result()
     assert logprobs[0] is None and len(logprobs) == PROMPT.length
     close_service(service)
@@ -96,7 +106,12 @@ def test_an_abandoned_sample_is_cancelled_before_it_runs(sdk_env, monkeypatch):
     abandoned = ids[-1]
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        answer = httpx.post(sdk_env.url + "/api/v1/retrieve_future", json={"request_id": abandoned}, headers={"X-API-Key": API_KEY}, timeout=60)
+        answer = httpx.post(
+            sdk_env.url + "/api/v1/retrieve_future",
+            json={"request_id": abandoned},
+            headers={"X-API-Key": API_KEY},
+            timeout=60,
+        )
         if answer.status_code != 408:
             break
     assert answer.json() == {"error": "cancelled by the client before it started", "category": "user"}

@@ -24,8 +24,8 @@ import tinker
 
 from tests.e2e import surface_cases_sampling_rest, surface_cases_training  # noqa: F401  (they register the cases)
 from tests.e2e.conftest import API_KEY
-from tests.e2e.surface_rig import CASES, NOTE, OTHER, REFUSED, WORKS, World, make_call
 from tests.e2e.sdk_close import close_service
+from tests.e2e.surface_rig import CASES, NOTE, OTHER, REFUSED, WORKS, World, make_call
 
 pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore::FutureWarning")]  # deprecated methods are cases too
 
@@ -64,7 +64,9 @@ def world(server, hf_home):
 @pytest.mark.parametrize("method", METHODS)
 def test_method(world, method):
     case = CASES.get(method)
-    assert case is not None, f"{method} is a public SDK method with no case: add one in tests/e2e/surface_cases_*.py, then `make compat`"
+    assert case is not None, (
+        f"{method} is a public SDK method with no case: add one in tests/e2e/surface_cases_*.py, then `make compat`"
+    )
     case.run(world, make_call(method.endswith("_async")))
     PASSED.add(method)
 
@@ -78,7 +80,7 @@ def render() -> str:
     lines = [
         "# Tinker SDK compatibility",
         "",
-        f"Every public method of `ServiceClient`, `TrainingClient`, `SamplingClient` and `RestClient` in the",
+        "Every public method of `ServiceClient`, `TrainingClient`, `SamplingClient` and `RestClient` in the",
         f"installed `tinker` {tinker.__version__}, run against a live `openrl serve` on the tiny model by",
         "`tests/e2e/test_sdk_surface.py`, which finds the methods by reflection and fails on a method",
         "without a case. `_async` variants are rows of their own, each awaited in its own run. This",

@@ -31,7 +31,9 @@ pytestmark = [
     # test worker; two such starts plus the torch server sessions need more than the default.
     pytest.mark.timeout(900),
     pytest.mark.e2e,
-    pytest.mark.skipif(not (VLLM_ENV / "bin" / "python").exists(), reason=f"no vLLM venv at {VLLM_ENV}: run `make vllm`"),
+    pytest.mark.skipif(
+        not (VLLM_ENV / "bin" / "python").exists(), reason=f"no vLLM venv at {VLLM_ENV}: run `make vllm`"
+    ),
 ]
 MODEL = "openrl/tiny-qwen3"
 PROMPT = [785, 3974, 13876, 38835, 13, 40, 1079]
@@ -104,7 +106,9 @@ def full_session(url: str) -> list:
     """A full fine-tuning run: sample after its first publication (a full checkpoint) and
     after its second (a delta against the first)."""
     service = tinker.ServiceClient(base_url=url, api_key=API_KEY)
-    training = service.create_lora_training_client(base_model=MODEL, user_metadata={"openrl.full_finetune": "true"}).result()
+    training = service.create_lora_training_client(
+        base_model=MODEL, user_metadata={"openrl.full_finetune": "true"}
+    ).result()
     tokens = PROMPT + [11, 1221, 4128]
     datum = types.Datum(
         model_input=types.ModelInput.from_ints(tokens[:-1]),

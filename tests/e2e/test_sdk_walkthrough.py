@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tinker
 from tinker import types
+
 from tests.e2e.sdk_close import close_service
 
 pytestmark = pytest.mark.e2e

@@ -70,7 +70,9 @@ def test_a_session_logs_no_secret(tmp_path, pg_url, monkeypatch, caplog):
         training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
         training.save_state("state").result()
         sampler = training.save_weights_and_get_sampling_client().result()
-        sample = sampler.sample(types.ModelInput.from_ints(tokens[:4]), 1, types.SamplingParams(max_tokens=3, seed=1)).result()
+        sample = sampler.sample(
+            types.ModelInput.from_ints(tokens[:4]), 1, types.SamplingParams(max_tokens=3, seed=1)
+        ).result()
         assert len(sample.sequences[0].tokens) >= 1
         export = training.save_weights_external("export").result().path
         links = rest.get_external_weights_urls(export).result().urls
@@ -145,8 +147,14 @@ def openrl_runs(url: str, key: str, *args: str) -> subprocess.CompletedProcess:
 def test_the_gateway_and_projector_roles_log_no_secret(tmp_path, pg_url):
     key, operator = "tml-alice-" + secrets.token_hex(16), "tml-operator-" + secrets.token_hex(16)
     password = "pw" + secrets.token_hex(12)
-    env = {"OPENRL_LOG_LEVEL": "DEBUG", "OPENRL_OPERATOR_API_KEY": operator, "OPENRL_DOWNLOAD_SECRET": "dl" + secrets.token_hex(24)}
-    cluster = Cluster(tmp_path, pg_url.replace("postgres@", f"postgres:{password}@", 1), extra_env=env, keys=f"alice={key}")
+    env = {
+        "OPENRL_LOG_LEVEL": "DEBUG",
+        "OPENRL_OPERATOR_API_KEY": operator,
+        "OPENRL_DOWNLOAD_SECRET": "dl" + secrets.token_hex(24),
+    }
+    cluster = Cluster(
+        tmp_path, pg_url.replace("postgres@", f"postgres:{password}@", 1), extra_env=env, keys=f"alice={key}"
+    )
     try:
         cluster.start_role("projector").wait_ready()
         cluster.start_gateway()
@@ -171,10 +179,15 @@ def test_the_gateway_and_projector_roles_log_no_secret(tmp_path, pg_url):
             ]
         assert [answer.status_code for answer in refusals] == [401, 401, 401, 409]
         # the projector folded what the gateway logged: the cancelled run is in the store
-        assert cluster.query(select(tables.training_runs.c.state).where(tables.training_runs.c.model_id == model_id)) == [("cancelled",)]
+        assert cluster.query(
+            select(tables.training_runs.c.state).where(tables.training_runs.c.model_id == model_id)
+        ) == [("cancelled",)]
     finally:
         cluster.stop()
-    logs = {f"{role} log": path.read_text() for role, path in (("gateway", cluster.gateway.log_path), ("projector", cluster.workers["projector"].log_path))}
+    logs = {
+        f"{role} log": path.read_text()
+        for role, path in (("gateway", cluster.gateway.log_path), ("projector", cluster.workers["projector"].log_path))
+    }
     # each file is its role's own output (at DEBUG these roles still log little of their own)
     assert "openrl: gateway for" in logs["gateway log"] and "openrl: projector for" in logs["projector log"]
     assert_nowhere({"alice's API key": key, "the operator's key": operator, "the database password": password,

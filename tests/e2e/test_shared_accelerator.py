@@ -17,9 +17,9 @@ from tinker import types
 
 from functions.local_server import LocalServer
 from functions.timeslicer.cli import _ask
+from tests.e2e.sdk_close import close_service
 from tests.e2e.test_sdk_full_finetune import datums
 from tests.functions.trainer.conftest import sft_batch
-from tests.e2e.sdk_close import close_service
 
 pytestmark = pytest.mark.e2e
 MODEL = "openrl/tiny-qwen3"
@@ -42,7 +42,9 @@ def server(tmp_path_factory):
 def start(server, key, full, seed):
     service = tinker.ServiceClient(base_url=server.url, api_key=key)
     metadata = {"openrl.full_finetune": "true"} if full else None
-    return service, service.create_lora_training_client(base_model=MODEL, rank=4, seed=seed, user_metadata=metadata).result()
+    return service, service.create_lora_training_client(
+        base_model=MODEL, rank=4, seed=seed, user_metadata=metadata
+    ).result()
 
 
 def step(training, seed, i):
@@ -58,7 +60,9 @@ def state_files(server, path):
 
     engine = create_engine(f"sqlite:///{server.data_dir / 'events.db'}")
     with engine.connect() as conn:
-        files = conn.execute(select(tables.checkpoints.c.files).where(tables.checkpoints.c.tinker_path == path)).scalar()
+        files = conn.execute(
+            select(tables.checkpoints.c.files).where(tables.checkpoints.c.tinker_path == path)
+        ).scalar()
     engine.dispose()
     return {name: ref["sha256"] for name, ref in files.items()}
 

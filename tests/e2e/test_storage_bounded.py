@@ -68,7 +68,11 @@ def rss(pid: int) -> int:
 def settled(server) -> dict:
     """Sizes once the collector has had passes past the grace period."""
     time.sleep(GRACE + 3 * PERIOD)
-    return {"blobs": tree_bytes(server.data_dir / "blobs"), "data": tree_bytes(server.data_dir), "rss": rss(server.process.pid)}
+    return {
+        "blobs": tree_bytes(server.data_dir / "blobs"),
+        "data": tree_bytes(server.data_dir),
+        "rss": rss(server.process.pid),
+    }
 
 
 def test_many_steps_leave_storage_and_memory_bounded(server, service):
@@ -104,7 +108,9 @@ def test_many_steps_leave_storage_and_memory_bounded(server, service):
     pointers = list((server.data_dir / "snapshots" / "alice").glob("*.json"))
     assert len(pointers) == 1
     files = json.loads(pointers[0].read_text())["files"]
-    assert files and all((server.data_dir / "blobs" / "alice" / r["sha256"][:2] / r["sha256"]).is_file() for r in files.values())
+    assert files and all(
+        (server.data_dir / "blobs" / "alice" / r["sha256"][:2] / r["sha256"]).is_file() for r in files.values()
+    )
     # A named checkpoint keeps its weights, however many versions came after it.
     kept = service.create_sampling_client(model_path=named)
     kept = kept.result() if hasattr(kept, "result") else kept
@@ -119,7 +125,9 @@ def big_run(service, seed: int):
     moments), so a download cannot sit whole in the loopback socket buffers before the delete."""
     training = service.create_lora_training_client(base_model=MODEL, rank=32, seed=seed).result()
     tokens = list(range(200, 211))
-    datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": tokens[1:]})
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": tokens[1:]}
+    )
     training.forward_backward([datum], "cross_entropy").result()
     training.optim_step(types.AdamParams(learning_rate=1e-3)).result()
     return training
@@ -154,7 +162,9 @@ def test_a_checkpoint_deleted_mid_signed_download_still_streams_whole(server, se
         assert response.status_code == 200
         chunks = response.iter_raw(64 << 10)
         received = [next(chunks)]
-        deleted = httpx.delete(f"{server.url}/api/v1/training_runs/{run_id}/checkpoints/{checkpoint_id}", headers={"X-API-Key": KEY})
+        deleted = httpx.delete(
+            f"{server.url}/api/v1/training_runs/{run_id}/checkpoints/{checkpoint_id}", headers={"X-API-Key": KEY}
+        )
         assert deleted.status_code == 204
         assert not (server.data_dir / "blobs" / "alice" / digest[:2] / digest).exists()
         received += list(chunks)
@@ -166,9 +176,13 @@ def test_a_checkpoint_deleted_mid_signed_download_still_streams_whole(server, se
 def test_deleting_a_full_runs_checkpoint_keeps_the_chain_a_live_session_needs(server, service):
     """A full run's sampler checkpoint (version 1, a full file) and the ephemeral version after
     it (a delta on it) share the chain's first file; deleting the checkpoint must not free it."""
-    training = service.create_lora_training_client(base_model=MODEL, user_metadata={"openrl.full_finetune": "true"}).result()
+    training = service.create_lora_training_client(
+        base_model=MODEL, user_metadata={"openrl.full_finetune": "true"}
+    ).result()
     tokens = list(range(300, 311))
-    datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": tokens[1:]})
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": tokens[1:]}
+    )
     training.forward_backward([datum], "cross_entropy").result()
     training.optim_step(types.AdamParams(learning_rate=1e-3)).result()
     path = training.save_weights_for_sampler("v1").result().path
@@ -184,7 +198,13 @@ def test_deleting_a_full_runs_checkpoint_keeps_the_chain_a_live_session_needs(se
     chain = json.loads((server.data_dir / "blobs" / "alice" / digest[:2] / digest).read_bytes())["chain"]
     assert [link["kind"] for link in chain] == ["full", "delta"]  # the full file is the checkpoint's too
     run_id, checkpoint_id = path.removeprefix("tinker://").split("/", 1)
-    deleted = httpx.delete(f"{server.url}/api/v1/training_runs/{run_id}/checkpoints/{checkpoint_id}", headers={"X-API-Key": KEY})
+    deleted = httpx.delete(
+        f"{server.url}/api/v1/training_runs/{run_id}/checkpoints/{checkpoint_id}", headers={"X-API-Key": KEY}
+    )
     assert deleted.status_code == 204
     params = types.SamplingParams(max_tokens=2, temperature=0.0)
-    assert sampler.sample(prompt=types.ModelInput.from_ints(tokens[:4]), num_samples=1, sampling_params=params).result().sequences
+    assert (
+        sampler.sample(prompt=types.ModelInput.from_ints(tokens[:4]), num_samples=1, sampling_params=params)
+        .result()
+        .sequences
+    )

@@ -102,8 +102,13 @@ class _Broker:
     def _start_once(self) -> None:
         log = open(self.workdir / f"{self.name}-output.log", "ab")
         self.process = subprocess.Popen(
-            self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            cwd=self.workdir, start_new_session=True, preexec_fn=_die_with_parent,
+            self.command(),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.workdir,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         log.close()
         deadline = time.monotonic() + READY_TIMEOUT
@@ -156,16 +161,30 @@ class NoidaBroker(_Broker):
     def command(self) -> list[str]:
         # `start` runs in the foreground, so the process is ours to watch and to stop;
         # `up` would detach it (and then outlive a test run that crashed).
-        return [str(self.binary), "start", "--data-dir", str(self.workdir), "--host", HOST,
-                "--only", "kafka", "--kafka-port", str(self.port)]
+        return [
+            str(self.binary),
+            "start",
+            "--data-dir",
+            str(self.workdir),
+            "--host",
+            HOST,
+            "--only",
+            "kafka",
+            "--kafka-port",
+            str(self.port),
+        ]
 
     def stop(self) -> None:
         """A clean stop through the control port (`noida-db down`), which saves the data."""
         if self.process is None:
             return
         try:
-            subprocess.run([str(self.binary), "down", "--data-dir", str(self.workdir)],
-                           stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+            subprocess.run(
+                [str(self.binary), "down", "--data-dir", str(self.workdir)],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=30,
+            )
             self.process.wait(10)
         except subprocess.TimeoutExpired:
             pass

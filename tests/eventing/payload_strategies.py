@@ -23,10 +23,16 @@ from openrl_core.params import AdamParams, LoraConfig, SamplingParams
 from openrl_core.tensors import Array
 
 json_leaves = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20)
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=20),
 )
 json_values = st.recursive(
-    json_leaves, lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)), max_leaves=8
+    json_leaves,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+    max_leaves=8,
 )
 
 
@@ -47,19 +53,33 @@ finite = dict(allow_nan=False, allow_infinity=False)
 OVERRIDES: dict[Any, st.SearchStrategy] = {
     Array: arrays(),
     LoraConfig: st.builds(
-        LoraConfig, rank=st.integers(1, 512), seed=st.none() | st.integers(0, 2**31), train_unembed=st.booleans(),
-        train_mlp=st.booleans(), train_attn=st.just(True),
+        LoraConfig,
+        rank=st.integers(1, 512),
+        seed=st.none() | st.integers(0, 2**31),
+        train_unembed=st.booleans(),
+        train_mlp=st.booleans(),
+        train_attn=st.just(True),
     ),  # fmt: skip
     AdamParams: st.builds(
-        AdamParams, learning_rate=st.floats(0, 1, **finite), beta1=st.floats(0, 0.999, **finite),
-        beta2=st.floats(0, 0.999, **finite), eps=st.floats(1e-12, 1e-3, **finite),
-        weight_decay=st.floats(0, 1, **finite), grad_clip_norm=st.floats(0, 10, **finite),
+        AdamParams,
+        learning_rate=st.floats(0, 1, **finite),
+        beta1=st.floats(0, 0.999, **finite),
+        beta2=st.floats(0, 0.999, **finite),
+        eps=st.floats(1e-12, 1e-3, **finite),
+        weight_decay=st.floats(0, 1, **finite),
+        grad_clip_norm=st.floats(0, 10, **finite),
     ),  # fmt: skip
     SamplingParams: st.builds(
-        SamplingParams, max_tokens=st.none() | st.integers(0, 4096), seed=st.none() | st.integers(0, 2**63 - 1),
-        stop=st.none() | st.text(max_size=5) | st.lists(st.text(min_size=1, max_size=5), min_size=1, max_size=3)
+        SamplingParams,
+        max_tokens=st.none() | st.integers(0, 4096),
+        seed=st.none() | st.integers(0, 2**63 - 1),
+        stop=st.none()
+        | st.text(max_size=5)
+        | st.lists(st.text(min_size=1, max_size=5), min_size=1, max_size=3)
         | st.lists(st.integers(0, 2**31), min_size=1, max_size=3),
-        temperature=st.floats(0, 2, **finite), top_k=st.just(-1) | st.integers(1, 100), top_p=st.floats(0.01, 1, **finite),
+        temperature=st.floats(0, 2, **finite),
+        top_k=st.just(-1) | st.integers(1, 100),
+        top_p=st.floats(0.01, 1, **finite),
     ),  # fmt: skip
     datetime: st.datetimes(timezones=st.just(timezone.utc)),
     Any: json_values,
@@ -94,7 +114,11 @@ def values(annotation, metadata=()) -> st.SearchStrategy:
     if origin is list:
         return st.lists(values(args[0]), max_size=3)
     if origin is tuple:
-        return st.tuples(*(values(arg) for arg in args)) if Ellipsis not in args else st.lists(values(args[0]), max_size=3).map(tuple)
+        return (
+            st.tuples(*(values(arg) for arg in args))
+            if Ellipsis not in args
+            else st.lists(values(args[0]), max_size=3).map(tuple)
+        )
     if origin is dict:
         return st.dictionaries(st.text(max_size=12), values(args[1]), max_size=3)
     if annotation is dict:

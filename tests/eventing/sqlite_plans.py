@@ -12,7 +12,12 @@ from sqlalchemy import event
 
 def plan_of(conn, sql: str, params=()) -> list[str]:
     """The detail column of `EXPLAIN QUERY PLAN sql` on a SQLAlchemy connection."""
-    return [row[3] for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", tuple(params) if isinstance(params, list) else params)]
+    return [
+        row[3]
+        for row in conn.exec_driver_sql(
+            f"EXPLAIN QUERY PLAN {sql}", tuple(params) if isinstance(params, list) else params
+        )
+    ]
 
 
 def scanned(conn, table: str, seen: list[tuple[str, object]]) -> list[tuple[str, list[str]]]:
@@ -34,7 +39,9 @@ class Tracer:
 
     def __init__(self, engine) -> None:
         self._seen: Optional[list[str]] = None
-        event.listen(engine, "connect", lambda dbapi_connection, _record: dbapi_connection.set_trace_callback(self._trace))
+        event.listen(
+            engine, "connect", lambda dbapi_connection, _record: dbapi_connection.set_trace_callback(self._trace)
+        )
 
     def _trace(self, sql: str) -> None:
         if self._seen is not None:

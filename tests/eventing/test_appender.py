@@ -48,7 +48,10 @@ def test_concurrent_appends_share_a_batch_and_all_land_in_store_and_log(tmp_path
     appender._group._write_batch = lambda items: (batches.append(len(items)), write(items))[1]
     outcomes: dict[int, object] = {}
     with appender._group.writing():  # a batch in progress: the others queue behind it
-        threads = [threading.Thread(target=lambda n=n: outcomes.__setitem__(n, appender.append(created(f"s{n}"), TOPIC))) for n in range(10)]
+        threads = [
+            threading.Thread(target=lambda n=n: outcomes.__setitem__(n, appender.append(created(f"s{n}"), TOPIC)))
+            for n in range(10)
+        ]
         for thread in threads:
             thread.start()
         while len(appender._group._queue) < 10:
@@ -99,7 +102,9 @@ def test_the_relay_does_not_republish_a_batch_that_is_being_published(tmp_path):
         relay_done.set()
 
     def publish_with_a_relay_pass_meanwhile(items):
-        assert [e.id for e, _t, _d in store.unpublished()] == [event.id for _topic, event, _dedup in items]  # committed, unpublished
+        assert [e.id for e, _t, _d in store.unpublished()] == [
+            event.id for _topic, event, _dedup in items
+        ]  # committed, unpublished
         threading.Thread(target=relay).start()
         relay_done.wait(0.5)  # time enough for a relay that does not wait to publish its copy
         return publish(items)
@@ -118,7 +123,10 @@ def test_a_published_batchs_outbox_rows_go_with_the_next_batch_and_are_never_pub
     store, log, appender = setup(tmp_path)
     transactions: list[list[str]] = []
     append_many, mark = store.append_many, store.mark_published_many
-    store.append_many = lambda items, published=(): (transactions.append(list(published)), append_many(items, published=published))[1]
+    store.append_many = lambda items, published=(): (
+        transactions.append(list(published)),
+        append_many(items, published=published),
+    )[1]
     alone: list[list[str]] = []
     store.mark_published_many = lambda ids: (alone.append(list(ids)), mark(ids))[1]
     queued = [True]

@@ -13,14 +13,20 @@ from openrl_core.params import AdamParams
 
 
 def optim_event():
-    payload = OptimStepRequested(request_id="req-1", model_id="s:train:0", seq_id=2, adam_params=AdamParams(learning_rate=3e-4))
+    payload = OptimStepRequested(
+        request_id="req-1", model_id="s:train:0", seq_id=2, adam_params=AdamParams(learning_rate=3e-4)
+    )
     return new_event(OPTIM_STEP["requested"], payload, tenant="alice", source="/test", key="s:train:0", subject="req-1")
 
 
 def big_event(n=5000):
     datum = Datum(np.arange(n, dtype=np.int64), {"target_tokens": np.arange(n, dtype=np.int64)})
     payload = ForwardBackwardRequested(
-        request_id="req-2", model_id="s:train:0", seq_id=1, loss_fn="cross_entropy", data=[DatumRecord.from_datum(datum)]
+        request_id="req-2",
+        model_id="s:train:0",
+        seq_id=1,
+        loss_fn="cross_entropy",
+        data=[DatumRecord.from_datum(datum)],
     )
     return new_event(FORWARD_BACKWARD["requested"], payload, tenant="alice", source="/test", key="s:train:0")
 

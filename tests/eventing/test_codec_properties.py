@@ -99,7 +99,9 @@ def sdk_message(codec: Codec, event: Event, dedup):
     return ce_kafka.to_binary(CloudEvent(attributes, data or None), codec_module._FORMAT)
 
 
-dedups = st.none() | st.builds(Dedup, st.text(min_size=1, max_size=30), st.from_regex(r"[0-9a-f]{64}", fullmatch=True), st.booleans())
+dedups = st.none() | st.builds(
+    Dedup, st.text(min_size=1, max_size=30), st.from_regex(r"[0-9a-f]{64}", fullmatch=True), st.booleans()
+)
 offsets = st.sampled_from([timezone.utc, timezone(timedelta(hours=-5)), timezone(timedelta(hours=5, minutes=30))])
 
 
@@ -119,13 +121,24 @@ def test_binary_headers_are_the_sdks_byte_for_byte(blobs, event, dedup, limit, o
 
 
 @pytest.mark.parametrize(
-    "broken", [{"id": ""}, {"source": ""}, {"subject": ""}, {"time": datetime(2026, 1, 1)}], ids=["id", "source", "subject", "naive-time"]
+    "broken",
+    [{"id": ""}, {"source": ""}, {"subject": ""}, {"time": datetime(2026, 1, 1)}],
+    ids=["id", "source", "subject", "naive-time"],
 )
 def test_an_event_the_sdk_refuses_is_still_refused(blobs, broken):
     from cloudevents.core.exceptions import CloudEventValidationError
 
     type_ = registered_types()[0]
-    fields = dict(id="e1", type=type_, source="/x", time=datetime.now(timezone.utc), tenant="t", key=None, subject=None, lease=None)
+    fields = dict(
+        id="e1",
+        type=type_,
+        source="/x",
+        time=datetime.now(timezone.utc),
+        tenant="t",
+        key=None,
+        subject=None,
+        lease=None,
+    )
     event = Event.stored(**{**fields, **broken}, data=payload_model(type_).model_construct())
     with pytest.raises(CloudEventValidationError):
         Codec(blobs).encode(event)

@@ -61,10 +61,16 @@ def test_sqlite_datetimes_are_bound_as_sqlalchemy_binds_them(moment):
 
 
 def test_sqlite_datetime_edges_and_what_is_not_a_datetime():
-    for moment in (datetime(1, 1, 1), datetime(999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc), datetime(2026, 12, 5, 7, 0)):
+    for moment in (
+        datetime(1, 1, 1),
+        datetime(999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc),
+        datetime(2026, 12, 5, 7, 0),
+    ):
         assert fast(moment) == reference(moment)
     assert fast(date(2026, 12, 5)) == reference(date(2026, 12, 5)) == "2026-12-05 00:00:00.000000"
     assert fast(None) is None
     assert _bind_processor(DateTime(timezone=True), sqlite.dialect()) is not None
-    other = sqlite.DATETIME(storage_format="%(year)04d/%(month)02d/%(day)02d")  # a format of its own keeps its own processor
+    other = sqlite.DATETIME(
+        storage_format="%(year)04d/%(month)02d/%(day)02d"
+    )  # a format of its own keeps its own processor
     assert _bind_processor(other, sqlite.dialect())(datetime(2026, 12, 5)) == "2026/12/05"

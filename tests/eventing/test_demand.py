@@ -49,7 +49,10 @@ def test_runs_and_sampling_sessions_with_their_last_request_and_pending_futures(
     assert pending_request_ids(events.engine, "alice", "s1:train:0") == ["req-fb"]
 
     stored = requests_of(events, "alice", "s1:train:0", ["req-fb", "req-create", "req-unknown"])
-    assert [(e.data.request_id, e.verb) for e in stored] == [("req-create", "create_model"), ("req-fb", "forward_backward")]
+    assert [(e.data.request_id, e.verb) for e in stored] == [
+        ("req-create", "create_model"),
+        ("req-fb", "forward_backward"),
+    ]
 
 
 def test_a_finished_session_with_a_request_in_flight_still_counts(store):

@@ -38,7 +38,10 @@ def test_writes_queued_together_commit_in_one_batch_and_each_writer_gets_its_rec
     results: dict[int, object] = {}
     # Holding the write lock stands for a commit in progress: every publisher queues behind it.
     with log._group.writing():
-        threads = [threading.Thread(target=lambda n=n: results.__setitem__(n, log.publish("t", message(f"k{n % 3}", n)))) for n in range(12)]
+        threads = [
+            threading.Thread(target=lambda n=n: results.__setitem__(n, log.publish("t", message(f"k{n % 3}", n))))
+            for n in range(12)
+        ]
         for thread in threads:
             thread.start()
         while len(log._group._queue) < 12:
@@ -145,7 +148,12 @@ def test_a_new_topic_does_not_hand_a_member_its_uncommitted_records_again(tmp_pa
     # A member that takes the partition over still gets what was never committed.
     consumer.close()
     successor = log.consumer("g", pattern=r"tenant\..*")
-    assert sorted((r.topic, r.offset) for r in successor.poll(timeout=0.2)) == [("tenant.a", 0), ("tenant.a", 1), ("tenant.a", 2), ("tenant.b", 0)]
+    assert sorted((r.topic, r.offset) for r in successor.poll(timeout=0.2)) == [
+        ("tenant.a", 0),
+        ("tenant.a", 1),
+        ("tenant.a", 2),
+        ("tenant.b", 0),
+    ]
     log.close()
 
 
@@ -181,7 +189,9 @@ def test_a_lagging_consumer_reads_the_file_then_the_tail_in_order(tmp_path, monk
     log.close()
     again = EmbeddedLog(tmp_path / "log.db", partitions=1)
     from_file = drain(again, "other", "t")
-    assert [(r.offset, r.message, r.timestamp) for r in from_file] == [(r.offset, r.message, r.timestamp) for r in appended]
+    assert [(r.offset, r.message, r.timestamp) for r in from_file] == [
+        (r.offset, r.message, r.timestamp) for r in appended
+    ]
     again.close()
 
 

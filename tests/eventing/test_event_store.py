@@ -104,7 +104,9 @@ def test_checkpoints_and_outbox(store):
     store.mark_published(pending[0][0].id)
     assert store.unpublished() == []
     ref = BlobRef(sha256="a" * 64, size=10)
-    checkpoint = CheckpointSaved(run_id="s1:train:0", kind="weights", name="final", files={"adapter_model.safetensors": ref})
+    checkpoint = CheckpointSaved(
+        run_id="s1:train:0", kind="weights", name="final", files={"adapter_model.safetensors": ref}
+    )
     done = RequestCompleted(request_id="req-save", result={"path": checkpoint.tinker_path}, checkpoint=checkpoint)
     store.append(ev(te.SAVE_WEIGHTS["completed"], done))
     row = reads.checkpoint(T, "s1:train:0", "weights/final")
@@ -117,7 +119,11 @@ def test_large_payloads_are_stored_by_reference_and_read_back(store):
     store, _ = store
     datum = Datum(np.arange(3000, dtype=np.int64), {"target_tokens": np.arange(3000, dtype=np.int64)})
     payload = te.ForwardBackwardRequested(
-        request_id="req-big", model_id="s1:train:0", seq_id=1, loss_fn="cross_entropy", data=[DatumRecord.from_datum(datum)]
+        request_id="req-big",
+        model_id="s1:train:0",
+        seq_id=1,
+        loss_fn="cross_entropy",
+        data=[DatumRecord.from_datum(datum)],
     )
     event = ev(te.FORWARD_BACKWARD["requested"], payload)
     store.append(event)
@@ -136,7 +142,9 @@ def test_a_batch_appends_in_one_go_and_a_redelivered_one_stores_only_what_is_new
     dedup = Dedup.of("model:s1:0", b"body")
     assert store.append_batch([(created, None), (requested, dedup)]) == 2
     assert reads.run(T, "s1:train:0").state == "creating"  # folded inside the batch, in order
-    done = ev(te.CREATE_MODEL["completed"], RequestCompleted(request_id="req-create", result={"model_id": "s1:train:0"}))
+    done = ev(
+        te.CREATE_MODEL["completed"], RequestCompleted(request_id="req-create", result={"model_id": "s1:train:0"})
+    )
     # The first two again (a redelivery): the batch falls back to one by one and adds only `done`.
     assert store.append_batch([(created, None), (requested, dedup), (done, None)]) == 1
     assert [e.id for _, e in store.read()] == [created.id, requested.id, done.id]
@@ -150,7 +158,9 @@ def test_a_conflicting_submission_rolls_the_whole_batch_back(store):
     other = ev(se.SESSION_CREATED, se.SessionCreated(session_id="s2"))
     payload = te.OptimStepRequested(request_id="r2", model_id="s1:train:0", seq_id=1, adam_params=AdamParams())
     with pytest.raises(Conflict):
-        store.append_batch([(other, None), (ev(te.OPTIM_STEP["requested"], payload), Dedup.of("model:s1:0", b"other body"))])
+        store.append_batch(
+            [(other, None), (ev(te.OPTIM_STEP["requested"], payload), Dedup.of("model:s1:0", b"other body"))]
+        )
     assert not store.contains(other.id)
 
 
@@ -172,12 +182,16 @@ def test_an_event_under_a_fenced_lease_is_kept_but_never_applied(store, tmp_path
     applied = store.append(new_event(te.CREATE_MODEL["completed"], fresh, tenant=T, source="/t", key=model, lease=700))
     assert applied.stored and not applied.fenced
     stale = RequestCompleted(request_id="fb1", result={"metrics": {"loss:sum": 1.0}})
-    refused = store.append(new_event(te.FORWARD_BACKWARD["completed"], stale, tenant=T, source="/t", key=model, lease=500))
+    refused = store.append(
+        new_event(te.FORWARD_BACKWARD["completed"], stale, tenant=T, source="/t", key=model, lease=500)
+    )
     assert refused.stored and refused.fenced
     assert reads.future(T, "fb1").state == "pending", "the stale completion projected nothing"
     same = store.append(new_event(te.FORWARD_BACKWARD["completed"], stale, tenant=T, source="/t", key=model, lease=700))
     assert same.stored and not same.fenced and reads.future(T, "fb1").state == "completed"
-    other_key = store.append(new_event(te.FORWARD_BACKWARD["completed"], stale, tenant=T, source="/t", key="s1:train:9", lease=1))
+    other_key = store.append(
+        new_event(te.FORWARD_BACKWARD["completed"], stale, tenant=T, source="/t", key="s1:train:9", lease=1)
+    )
     assert not other_key.fenced, "fences are per model"
     kept = [(e.lease, e.type.split(".")[-2]) for _, e in store.read() if e.lease is not None]
     assert kept == [(700, "completed"), (500, "completed"), (700, "completed"), (1, "completed")]
@@ -239,7 +253,9 @@ def test_read_packed_reads_what_the_sqlalchemy_rows_hold(store):
     session(store)
     create_model(store)
     big = Datum(np.arange(3000, dtype=np.int64), {"target_tokens": np.arange(3000, dtype=np.int64)})
-    fb = te.ForwardBackwardRequested(request_id="fb1", model_id="s1:train:0", seq_id=1, loss_fn="cross_entropy", data=[DatumRecord.from_datum(big)])
+    fb = te.ForwardBackwardRequested(
+        request_id="fb1", model_id="s1:train:0", seq_id=1, loss_fn="cross_entropy", data=[DatumRecord.from_datum(big)]
+    )
     store.append(ev(te.FORWARD_BACKWARD["requested"], fb, key="s1:train:0"), dedup=Dedup.of("seq:s1:train:0:1", b"fb"))
     skipped = te.SeqSkipped(model_id="s1:train:0", seq_id=2, reason="bad")
     store.append(ev(te.SEQ_SKIPPED, skipped, key="s1:train:0"), dedup=Dedup.of("seq:s1:train:0:2", b"x").refused())
@@ -270,10 +286,12 @@ def test_the_outbox_is_read_in_log_order(store):
     topics = [f"openrl.alice.training.{n % 3}" for n in range(620)]
     appended = []
     for start in range(0, len(topics), 100):
-        batch = [(ev(se.SESSION_CREATED, se.SessionCreated(session_id=f"s{n}")), topics[n], None) for n in range(start, min(start + 100, len(topics)))]
+        batch = [
+            (ev(se.SESSION_CREATED, se.SessionCreated(session_id=f"s{n}")), topics[n], None)
+            for n in range(start, min(start + 100, len(topics)))
+        ]
         store.append_many(batch)
         appended += [(event.id, topic) for event, topic, _dedup in batch]
     store.mark_published_many([event_id for event_id, _topic in appended[::7]])
     left = [pair for index, pair in enumerate(appended) if index % 7]
     assert [(event.id, topic) for event, topic, _dedup in store.unpublished()] == left
-

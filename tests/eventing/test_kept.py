@@ -104,7 +104,9 @@ def test_threads_have_their_own_and_at_most_so_many_keep_one(engine):
 
 def test_only_for_a_sqlite_file_and_closed_with_the_store(engine, tmp_path):
     assert not Kept(create_engine("sqlite://")).enabled  # in memory: one connection already
-    assert not Kept(make_engine("postgresql://u@127.0.0.1:1/x")).enabled  # the pool replaces dropped ones (pg_round_trips)
+    assert not Kept(
+        make_engine("postgresql://u@127.0.0.1:1/x")
+    ).enabled  # the pool replaces dropped ones (pg_round_trips)
     keep = kept(engine)
     assert kept(engine) is keep  # one registry per engine, shared by the store and the reads
     with keep.connect() as conn:

@@ -32,18 +32,55 @@ def columns(row) -> dict:
 def test_the_kept_row_is_the_stores_after_every_event_of_a_runs_life(store):
     store, projections = store
     store.runs.follow()
-    bound = SamplingSessionBound(sampling_session_id="s1:sample:0", session_id="s1", base_model="m", adapter={"a": BlobRef(sha256="c" * 64, size=1)})
+    bound = SamplingSessionBound(
+        sampling_session_id="s1:sample:0",
+        session_id="s1",
+        base_model="m",
+        adapter={"a": BlobRef(sha256="c" * 64, size=1)},
+    )
     saved = CheckpointSaved(run_id=RUN, kind="weights", name="final", files={"a": BlobRef(sha256="b" * 64, size=3)})
     steps = [
         lambda: create(store),
         lambda: fb(store, "f1", at=10, loss=1.0, tokens=1),
         lambda: optim(store, "o1", at=11, lr=1e-3, grad_norm=0.5),
-        lambda: put(store, te.SAVE_WEIGHTS_FOR_SAMPLER["requested"], te.SaveWeightsForSamplerRequested(request_id="p", model_id=RUN, seq_id=3, sampling_session_id="s1:sample:0"), 12),
-        lambda: put(store, te.SAVE_WEIGHTS_FOR_SAMPLER["completed"], RequestCompleted(request_id="p", result={}, sampling_session=bound), 13),
-        lambda: put(store, sa.SAMPLE["requested"], sa.SampleRequested(request_id="r", sampling_session_id="s1:sample:0", seq_id=0, base_model="m",
-                                                                      prompt_tokens=[1], num_samples=1, sampling_params=SamplingParams(), sample_sequence_ids=["r:0"]), 14),  # fmt: skip
-        lambda: put(store, te.SAVE_WEIGHTS["requested"], te.SaveWeightsRequested(request_id="w", model_id=RUN, seq_id=4, name="final"), 15),
-        lambda: put(store, te.SAVE_WEIGHTS["completed"], RequestCompleted(request_id="w", result={}, checkpoint=saved), 16),
+        lambda: put(
+            store,
+            te.SAVE_WEIGHTS_FOR_SAMPLER["requested"],
+            te.SaveWeightsForSamplerRequested(
+                request_id="p", model_id=RUN, seq_id=3, sampling_session_id="s1:sample:0"
+            ),
+            12,
+        ),
+        lambda: put(
+            store,
+            te.SAVE_WEIGHTS_FOR_SAMPLER["completed"],
+            RequestCompleted(request_id="p", result={}, sampling_session=bound),
+            13,
+        ),
+        lambda: put(
+            store,
+            sa.SAMPLE["requested"],
+            sa.SampleRequested(
+                request_id="r",
+                sampling_session_id="s1:sample:0",
+                seq_id=0,
+                base_model="m",
+                prompt_tokens=[1],
+                num_samples=1,
+                sampling_params=SamplingParams(),
+                sample_sequence_ids=["r:0"],
+            ),
+            14,
+        ),  # fmt: skip
+        lambda: put(
+            store,
+            te.SAVE_WEIGHTS["requested"],
+            te.SaveWeightsRequested(request_id="w", model_id=RUN, seq_id=4, name="final"),
+            15,
+        ),
+        lambda: put(
+            store, te.SAVE_WEIGHTS["completed"], RequestCompleted(request_id="w", result={}, checkpoint=saved), 16
+        ),
         lambda: put(store, te.RUN_CANCELLED, te.RunCancelled(model_id=RUN, reason="enough", by="operator"), 17),
     ]
     seen_states = []
@@ -61,7 +98,12 @@ def test_a_request_keeps_the_row_and_a_state_change_drops_it(store):
     store.runs.follow()
     create(store)
     kept = look(store.runs, projections)
-    put(store, te.OPTIM_STEP["requested"], te.OptimStepRequested(request_id="o", model_id=RUN, seq_id=1, adam_params=AdamParams()), 5)  # moves last_request_time only
+    put(
+        store,
+        te.OPTIM_STEP["requested"],
+        te.OptimStepRequested(request_id="o", model_id=RUN, seq_id=1, adam_params=AdamParams()),
+        5,
+    )  # moves last_request_time only
     assert store.runs.get("alice", RUN) is kept
     put(store, te.RUN_CANCELLED, te.RunCancelled(model_id=RUN), 6)
     assert store.runs.get("alice", RUN) is None

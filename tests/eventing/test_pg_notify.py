@@ -78,7 +78,16 @@ def test_a_listener_of_ids_alone_is_not_handed_rows(pg_url):
     sender, receiver = PgNotifier(pg_url), PgNotifier(pg_url)
     got: queue.Queue = queue.Queue()
     receiver.subscribe(got.put)
-    row = SimpleNamespace(request_id="req-1", tenant="t", kind="optim_step", model_id="m", state="completed", result={}, error=None, category=None)
+    row = SimpleNamespace(
+        request_id="req-1",
+        tenant="t",
+        kind="optim_step",
+        model_id="m",
+        state="completed",
+        result={},
+        error=None,
+        category=None,
+    )
     try:
         sender.notify(["req-1"], rows=[row])
         assert got.get(timeout=5) == ["req-1"]
@@ -115,9 +124,14 @@ def test_a_store_announces_the_runs_its_committed_transactions_changed(pg_url, t
         create_model(store)  # the run's row is made
         assert runs.get(timeout=5) == ["s1:train:0"]
         step = te.OptimStepRequested(request_id="o1", model_id="s1:train:0", seq_id=1, adam_params=AdamParams())
-        store.append(ev(te.OPTIM_STEP["requested"], step), dedup=Dedup.of("seq:s1:train:0:1", b"a"))  # last_request_time only
+        store.append(
+            ev(te.OPTIM_STEP["requested"], step), dedup=Dedup.of("seq:s1:train:0:1", b"a")
+        )  # last_request_time only
         with pytest.raises(Conflict):  # refused before it changed anything: nothing committed
-            store.append(ev(te.OPTIM_STEP["requested"], step.model_copy(update={"request_id": "o2"})), dedup=Dedup.of("seq:s1:train:0:1", b"b"))
+            store.append(
+                ev(te.OPTIM_STEP["requested"], step.model_copy(update={"request_id": "o2"})),
+                dedup=Dedup.of("seq:s1:train:0:1", b"b"),
+            )
         store.append(ev(te.RUN_CANCELLED, te.RunCancelled(model_id="s1:train:0")))
         assert runs.get(timeout=5) == ["s1:train:0"]  # the cancel's, and nothing before it
         with pytest.raises(queue.Empty):

@@ -13,11 +13,11 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from eventing.store import pg_round_trips
+from eventing.store import tables as t
 from eventing.store.database import make_engine, upgrade
 from eventing.store.event_store import EventStore
 from eventing.store.kept import kept
 from eventing.store.unit_of_work import driver_execute, execute_many
-from eventing.store import tables as t
 from tests.conftest import PG_ADMIN
 
 pytestmark = pytest.mark.postgres
@@ -56,7 +56,9 @@ class _RoundTrips:
 
 def _session_rows(n: int, start: int = 0) -> list[dict]:
     now = datetime.now(timezone.utc)
-    return [dict(session_id=f"s{i}", tenant="t", tags=[], user_metadata={}, created_at=now) for i in range(start, start + n)]
+    return [
+        dict(session_id=f"s{i}", tenant="t", tags=[], user_metadata={}, created_at=now) for i in range(start, start + n)
+    ]
 
 
 def test_a_read_opens_no_transaction(engine):
@@ -139,7 +141,11 @@ def test_a_store_batch_broken_by_a_twin_row_falls_back_one_by_one(engine, tmp_pa
             store._fold_batch(conn, [(first, None, None)], raise_conflicts=False)
     # Through the pipelined path, the fallback answers each item on its own.
     calls = []
-    monkeypatch.setattr(event_store, "_known_ids_queries", lambda dialect, ids: calls.append(ids) or ([] if len(calls) == 1 else real(dialect, ids)))
+    monkeypatch.setattr(
+        event_store,
+        "_known_ids_queries",
+        lambda dialect, ids: calls.append(ids) or ([] if len(calls) == 1 else real(dialect, ids)),
+    )
     outcomes = store.append_many([(first, None, None), (second, None, None)])
     assert [o.stored for o in outcomes] == [False, True]
     with engine.connect() as conn:

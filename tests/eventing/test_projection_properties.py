@@ -26,7 +26,8 @@ import shutil
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from hypothesis import event as note, given, settings
+from hypothesis import event as note
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
@@ -41,7 +42,12 @@ from openrl_core.events import sampling as sa
 from openrl_core.events import sessions as se
 from openrl_core.events import training as te
 from openrl_core.events.lifecycle import (
-    BlobRef, CheckpointSaved, RequestCompleted, RequestFailed, RequestStarted, SamplingSessionBound,
+    BlobRef,
+    CheckpointSaved,
+    RequestCompleted,
+    RequestFailed,
+    RequestStarted,
+    SamplingSessionBound,
 )  # fmt: skip
 from openrl_core.params import AdamParams, LoraConfig, SamplingParams
 
@@ -87,7 +93,10 @@ def lifecycle(draw, stream: Stream, family: dict, requested, completed: dict | N
     elif outcome == "failed":
         stream.add(family["failed"], failed)
     if outcome != "open" and draw(st.booleans()):  # late: the first result must win
-        stream.add(family["failed"] if outcome == "completed" else family["completed"], failed if outcome == "completed" else done)
+        stream.add(
+            family["failed"] if outcome == "completed" else family["completed"],
+            failed if outcome == "completed" else done,
+        )
     return outcome
 
 
@@ -109,9 +118,19 @@ def model_streams(draw, tenant: str, session_id: str, index: int, numbers) -> li
         request_id = f"{model_id}/r{next(rid)}"
         op = draw(st.sampled_from(["fwdbwd", "optim", "save", "sampler", "bind", "export", "manage", "copy", "fork"]))
         if op == "fwdbwd":
-            draw(lifecycle(stream, te.FORWARD_BACKWARD, te.ForwardBackwardRequested(request_id=request_id, model_id=model_id, seq_id=seq, loss_fn="cross_entropy", data=[])))
+            draw(
+                lifecycle(
+                    stream,
+                    te.FORWARD_BACKWARD,
+                    te.ForwardBackwardRequested(
+                        request_id=request_id, model_id=model_id, seq_id=seq, loss_fn="cross_entropy", data=[]
+                    ),
+                )
+            )
         elif op == "optim":
-            payload = te.OptimStepRequested(request_id=request_id, model_id=model_id, seq_id=seq, adam_params=AdamParams())
+            payload = te.OptimStepRequested(
+                request_id=request_id, model_id=model_id, seq_id=seq, adam_params=AdamParams()
+            )
             completed_steps += draw(lifecycle(stream, te.OPTIM_STEP, payload)) == "completed"
         elif op == "fork":
             extra.append(draw(fork_stream(tenant, model_id, draw(st.integers(0, completed_steps)), seq, numbers)))
@@ -126,22 +145,45 @@ def model_streams(draw, tenant: str, session_id: str, index: int, numbers) -> li
             checkpoint = CheckpointSaved(
                 run_id=model_id, kind=kind, name=name, files={"adapter": ref(f"{request_id}")}, expires_at=expires,
             )  # fmt: skip
-            if draw(lifecycle(stream, family, payload_type(request_id=request_id, model_id=model_id, seq_id=seq, name=name), {"checkpoint": checkpoint})) == "completed":
+            if (
+                draw(
+                    lifecycle(
+                        stream,
+                        family,
+                        payload_type(request_id=request_id, model_id=model_id, seq_id=seq, name=name),
+                        {"checkpoint": checkpoint},
+                    )
+                )
+                == "completed"
+            ):
                 saved[checkpoint.checkpoint_id] = checkpoint
         elif op == "bind":
             ss_id = f"{session_id}:sample:{index * 100 + seq}"
-            bound = SamplingSessionBound(sampling_session_id=ss_id, session_id=session_id, base_model=BASE, adapter={"adapter": ref(ss_id)})
-            payload = te.SaveWeightsForSamplerRequested(request_id=request_id, model_id=model_id, seq_id=seq, sampling_session_id=ss_id)
-            if draw(lifecycle(stream, te.SAVE_WEIGHTS_FOR_SAMPLER, payload, {"sampling_session": bound})) == "completed" and not cancelled:
+            bound = SamplingSessionBound(
+                sampling_session_id=ss_id, session_id=session_id, base_model=BASE, adapter={"adapter": ref(ss_id)}
+            )
+            payload = te.SaveWeightsForSamplerRequested(
+                request_id=request_id, model_id=model_id, seq_id=seq, sampling_session_id=ss_id
+            )
+            if (
+                draw(lifecycle(stream, te.SAVE_WEIGHTS_FOR_SAMPLER, payload, {"sampling_session": bound}))
+                == "completed"
+                and not cancelled
+            ):
                 extra.append(draw(sample_stream(tenant, ss_id, numbers, created=False)))
         elif op == "manage" and saved:
             checkpoint = saved[draw(st.sampled_from(sorted(saved)))]
             action = draw(st.sampled_from(["publish", "unpublish", "ttl", "delete", "expire", "expire-stale"]))
             key = dict(run_id=model_id, checkpoint_id=checkpoint.checkpoint_id)
             if action in ("publish", "unpublish"):
-                stream.add(ce.CHECKPOINT_PUBLISHED if action == "publish" else ce.CHECKPOINT_UNPUBLISHED, ce.CheckpointVisibility(**key))
+                stream.add(
+                    ce.CHECKPOINT_PUBLISHED if action == "publish" else ce.CHECKPOINT_UNPUBLISHED,
+                    ce.CheckpointVisibility(**key),
+                )
             elif action == "ttl":
-                stream.add(ce.CHECKPOINT_TTL_SET, ce.CheckpointTtlSet(**key, ttl_seconds=60, expires_at=T0 + timedelta(days=1)))
+                stream.add(
+                    ce.CHECKPOINT_TTL_SET, ce.CheckpointTtlSet(**key, ttl_seconds=60, expires_at=T0 + timedelta(days=1))
+                )
             else:
                 # the reaper's view of the expiry may be stale: then the expiry is ignored
                 expires = checkpoint.expires_at if action != "expire-stale" else T0 - timedelta(days=3)
@@ -162,7 +204,9 @@ def cancel(draw, stream: Stream) -> None:
     model_id = stream.key
     for _ in range(draw(st.sampled_from([1, 1, 2]))):
         payload = te.RunCancelled(
-            model_id=model_id, reason=draw(st.sampled_from(["cancelled", "diverged"])), by=draw(st.sampled_from(["owner", "operator"]))
+            model_id=model_id,
+            reason=draw(st.sampled_from(["cancelled", "diverged"])),
+            by=draw(st.sampled_from(["owner", "operator"])),
         )
         at = draw(st.integers(1, len(stream.events)))
         stream.add(te.RUN_CANCELLED, payload)  # its time and id come from the end of the stream...
@@ -217,7 +261,12 @@ def sample_stream(draw, tenant: str, ss_id: str, numbers, created: bool = True) 
     stream = Stream(tenant, ss_id, next(numbers))
     if created:
         session_id = ss_id.split(":", 1)[0]
-        stream.add(sa.SAMPLING_SESSION_CREATED, sa.SamplingSessionCreated(sampling_session_id=ss_id, session_id=session_id, sampling_session_seq_id=0, base_model=BASE))
+        stream.add(
+            sa.SAMPLING_SESSION_CREATED,
+            sa.SamplingSessionCreated(
+                sampling_session_id=ss_id, session_id=session_id, sampling_session_seq_id=0, base_model=BASE
+            ),
+        )
     for n in range(draw(st.integers(0, 3))):
         rid = f"{ss_id}/s{n}"
         payload = sa.SampleRequested(

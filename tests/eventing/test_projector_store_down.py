@@ -27,7 +27,9 @@ pytestmark = pytest.mark.postgres
 
 def completion(request_id: str):
     payload = RequestCompleted(request_id=request_id, result={"metrics": {}})
-    return new_event(te.OPTIM_STEP["completed"], payload, tenant="alice", source="/test-worker", key="m", subject=request_id)
+    return new_event(
+        te.OPTIM_STEP["completed"], payload, tenant="alice", source="/test-worker", key="m", subject=request_id
+    )
 
 
 def stored_ids(engine) -> set[str]:

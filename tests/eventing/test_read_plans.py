@@ -23,7 +23,16 @@ from tests.eventing.sqlite_plans import Tracer, plan_of, scanned
 from tests.eventing.test_event_store import create_model, session
 
 # Not the outbox: it holds only what the log has not acknowledged yet, and is read whole.
-GROWING = ("events", "futures", "submissions", "run_steps", "checkpoints", "training_runs", "sampling_sessions", "sessions")
+GROWING = (
+    "events",
+    "futures",
+    "submissions",
+    "run_steps",
+    "checkpoints",
+    "training_runs",
+    "sampling_sessions",
+    "sessions",
+)
 RUN = "s1:train:0"
 NOW = datetime.now(timezone.utc)
 
@@ -92,7 +101,9 @@ def test_no_read_of_one_tenants_objects_scans_a_growing_table(sqlite_store):
             with tracer.statements() as seen:
                 call()
             assert seen, name  # the read reached the database
-            scans = [(sql.split(" FROM ")[-1][:160], plan) for table in GROWING for sql, plan in scanned(conn, table, seen)]
+            scans = [
+                (sql.split(" FROM ")[-1][:160], plan) for table in GROWING for sql, plan in scanned(conn, table, seen)
+            ]
             if name not in LISTINGS:
                 for sql, _params in seen:
                     if sql.startswith("SELECT"):

@@ -10,8 +10,8 @@ import threading
 import time
 
 import pytest
-from sqlalchemy import event as sa_event
 from sqlalchemy import create_engine, select
+from sqlalchemy import event as sa_event
 from sqlalchemy.pool import StaticPool
 
 from eventing.blobs import BlobStore
@@ -20,9 +20,9 @@ from eventing.replay import diff, rebuild, rebuild_from_events
 from eventing.store import database, tables
 from eventing.store import unit_of_work as uow
 from eventing.store.event_store import Dedup, EventStore
+from eventing.store.queries import Projections
 from eventing.store.sqlite_writer import SqliteWriter
 from eventing.store.unit_of_work import DeferredWrites
-from eventing.store.queries import Projections
 from openrl_core.events import new_event
 from openrl_core.events import training as te
 from openrl_core.events.lifecycle import RequestCompleted
@@ -245,7 +245,9 @@ def failed_write_is_raised(live_store, target, _rebuilt):
     assert not [t for t in threading.enumerate() if t.name == "rebuild-writer"]
     assert gc.isenabled() and gc.get_freeze_count() == 0
     with target.engine.connect() as conn:  # the two batches before the failure, whole
-        assert conn.execute(select(tables.events.c.id)).scalars().all() == [e.id for _, e, _d in live_store.read_with_dedup(0, 8)]
+        assert conn.execute(select(tables.events.c.id)).scalars().all() == [
+            e.id for _, e, _d in live_store.read_with_dedup(0, 8)
+        ]
 
 
 @pytest.mark.postgres
@@ -303,14 +305,18 @@ def test_copy_rows_go_as_utf8_whatever_the_targets_client_encoding(tmp_path):
 
     with scratch_pg_database() as live_url, scratch_pg_database() as target_url:
         live_store, projections = fresh(tmp_path, "live.db", live_url)
-        created = se.SessionCreated(session_id="s9", tags=["ünïcødé"], user_metadata={"k": "éàç"}, display_name="ünïcødé, tab\there \\ ñ")
+        created = se.SessionCreated(
+            session_id="s9", tags=["ünïcødé"], user_metadata={"k": "éàç"}, display_name="ünïcødé, tab\there \\ ñ"
+        )
         live_store.append(new_event(se.SESSION_CREATED, created, tenant="alice", source="/t"))
         history(live_store)
         target, rebuilt = fresh(tmp_path, "rebuilt.db", target_url + "?client_encoding=latin1")
         assert rebuild(live_store, target, batch=4)[0] == 15
         assert diff(projections, rebuilt) == []
         [row] = [r for r in rebuilt.table_rows("sessions") if r["session_id"] == "s9"]
-        assert row["display_name"] == "ünïcødé, tab\there \\ ñ" and row["tags"] == ["ünïcødé"]  # a text column, and JSON
+        assert row["display_name"] == "ünïcødé, tab\there \\ ñ" and row["tags"] == [
+            "ünïcødé"
+        ]  # a text column, and JSON
         target.engine.dispose()
         live_store.engine.dispose()
 

@@ -27,7 +27,9 @@ def history(store: EventStore) -> None:
     """A small but complete life: sessions, models, steps, a refusal, saves, samples, a finish."""
 
     def put(type_, payload, tenant="alice", dedup=None):
-        store.append(new_event(type_, payload, tenant=tenant, source="/t", key=getattr(payload, "model_id", None)), dedup=dedup)
+        store.append(
+            new_event(type_, payload, tenant=tenant, source="/t", key=getattr(payload, "model_id", None)), dedup=dedup
+        )
 
     for tenant, sid in (("alice", "s1"), ("bob", "s2")):
         put(se.SESSION_CREATED, se.SessionCreated(session_id=sid, tags=["x"], user_metadata={"k": "v"}), tenant)
@@ -37,14 +39,28 @@ def history(store: EventStore) -> None:
     put(te.OPTIM_STEP["requested"], te.OptimStepRequested(request_id="o1", model_id="s1:train:0", seq_id=1, adam_params=AdamParams()),
         dedup=Dedup.of("seq:s1:train:0:1", b"o"))  # fmt: skip
     put(te.OPTIM_STEP["failed"], RequestFailed(request_id="o1", error="boom", category="user"))
-    put(te.SEQ_SKIPPED, te.SeqSkipped(model_id="s1:train:0", seq_id=2, reason="bad"), dedup=Dedup.of("seq:s1:train:0:2", b"x").refused())
+    put(
+        te.SEQ_SKIPPED,
+        te.SeqSkipped(model_id="s1:train:0", seq_id=2, reason="bad"),
+        dedup=Dedup.of("seq:s1:train:0:2", b"x").refused(),
+    )
     put(te.SAVE_WEIGHTS["requested"], te.SaveWeightsRequested(request_id="w1", model_id="s1:train:0", seq_id=3, name="final"),
         dedup=Dedup.of("seq:s1:train:0:3", b"w"))  # fmt: skip
-    saved = CheckpointSaved(run_id="s1:train:0", kind="weights", name="final", files={"a": BlobRef(sha256="b" * 64, size=3)})
-    put(te.SAVE_WEIGHTS["completed"], RequestCompleted(request_id="w1", result={"path": saved.tinker_path}, checkpoint=saved))
+    saved = CheckpointSaved(
+        run_id="s1:train:0", kind="weights", name="final", files={"a": BlobRef(sha256="b" * 64, size=3)}
+    )
+    put(
+        te.SAVE_WEIGHTS["completed"],
+        RequestCompleted(request_id="w1", result={"path": saved.tinker_path}, checkpoint=saved),
+    )
     put(te.SAVE_WEIGHTS_FOR_SAMPLER["requested"], te.SaveWeightsForSamplerRequested(request_id="p1", model_id="s1:train:0", seq_id=4,
                                                                                     sampling_session_id="s1:sample:0"))  # fmt: skip
-    bound = SamplingSessionBound(sampling_session_id="s1:sample:0", session_id="s1", base_model="m", adapter={"a": BlobRef(sha256="c" * 64, size=1)})
+    bound = SamplingSessionBound(
+        sampling_session_id="s1:sample:0",
+        session_id="s1",
+        base_model="m",
+        adapter={"a": BlobRef(sha256="c" * 64, size=1)},
+    )
     put(te.SAVE_WEIGHTS_FOR_SAMPLER["completed"], RequestCompleted(request_id="p1", result={}, sampling_session=bound))
     put(sa.SAMPLE["requested"], sa.SampleRequested(request_id="r1", sampling_session_id="s1:sample:0", seq_id=0, base_model="m",
                                                    prompt_tokens=[1, 2], num_samples=1, sampling_params=SamplingParams(), sample_sequence_ids=["r1:0"]))  # fmt: skip

@@ -41,14 +41,33 @@ def put(store, type_, payload, at: float) -> None:
 
 
 def fb(store, request_id, at, loss, tokens, forward_only=False, started=None):
-    put(store, te.FORWARD_BACKWARD["requested"], te.ForwardBackwardRequested(request_id=request_id, model_id=RUN, seq_id=1, loss_fn="cross_entropy", data=[]), at)
-    details = {"tokens": tokens, "forward_only": forward_only, "started": (T0 + timedelta(seconds=started or at)).isoformat()}
+    put(
+        store,
+        te.FORWARD_BACKWARD["requested"],
+        te.ForwardBackwardRequested(request_id=request_id, model_id=RUN, seq_id=1, loss_fn="cross_entropy", data=[]),
+        at,
+    )
+    details = {
+        "tokens": tokens,
+        "forward_only": forward_only,
+        "started": (T0 + timedelta(seconds=started or at)).isoformat(),
+    }
     result = {"metrics": {"loss:sum": loss}, "loss_fn_outputs": []}
-    put(store, te.FORWARD_BACKWARD["completed"], RequestCompleted(request_id=request_id, result=result, details=details), at + 1)
+    put(
+        store,
+        te.FORWARD_BACKWARD["completed"],
+        RequestCompleted(request_id=request_id, result=result, details=details),
+        at + 1,
+    )
 
 
 def optim(store, request_id, at, lr, grad_norm):
-    put(store, te.OPTIM_STEP["requested"], te.OptimStepRequested(request_id=request_id, model_id=RUN, seq_id=2, adam_params=AdamParams(learning_rate=lr)), at)
+    put(
+        store,
+        te.OPTIM_STEP["requested"],
+        te.OptimStepRequested(request_id=request_id, model_id=RUN, seq_id=2, adam_params=AdamParams(learning_rate=lr)),
+        at,
+    )
     result = {"metrics": {"optim/grad_norm": grad_norm, "optim/lr": lr}}
     put(store, te.OPTIM_STEP["completed"], RequestCompleted(request_id=request_id, result=result), at + 1)
 
@@ -80,18 +99,48 @@ def test_cancel_ends_open_futures_and_sampling_sessions_and_keeps_later_work_out
     create(store)
     fb(store, "f1", at=10, loss=1.0, tokens=1)
     optim(store, "o1", at=11, lr=1e-3, grad_norm=0.5)
-    put(store, te.SAVE_WEIGHTS_FOR_SAMPLER["requested"], te.SaveWeightsForSamplerRequested(request_id="p", model_id=RUN, seq_id=3, sampling_session_id="s1:sample:0"), 12)
-    bound = SamplingSessionBound(sampling_session_id="s1:sample:0", session_id="s1", base_model="m", adapter={"a": BlobRef(sha256="c" * 64, size=1)})
-    put(store, te.SAVE_WEIGHTS_FOR_SAMPLER["completed"], RequestCompleted(request_id="p", result={}, sampling_session=bound), 13)
+    put(
+        store,
+        te.SAVE_WEIGHTS_FOR_SAMPLER["requested"],
+        te.SaveWeightsForSamplerRequested(request_id="p", model_id=RUN, seq_id=3, sampling_session_id="s1:sample:0"),
+        12,
+    )
+    bound = SamplingSessionBound(
+        sampling_session_id="s1:sample:0",
+        session_id="s1",
+        base_model="m",
+        adapter={"a": BlobRef(sha256="c" * 64, size=1)},
+    )
+    put(
+        store,
+        te.SAVE_WEIGHTS_FOR_SAMPLER["completed"],
+        RequestCompleted(request_id="p", result={}, sampling_session=bound),
+        13,
+    )
     put(store, sa.SAMPLE["requested"], sa.SampleRequested(request_id="r", sampling_session_id="s1:sample:0", seq_id=0, base_model="m",
                                                           prompt_tokens=[1], num_samples=1, sampling_params=SamplingParams(), sample_sequence_ids=["r:0"]), 14)  # fmt: skip
-    put(store, te.FORWARD_BACKWARD["requested"], te.ForwardBackwardRequested(request_id="late", model_id=RUN, seq_id=4, loss_fn="cross_entropy", data=[]), 15)
-    put(store, te.SAVE_WEIGHTS["requested"], te.SaveWeightsRequested(request_id="w", model_id=RUN, seq_id=5, name="final"), 15)
+    put(
+        store,
+        te.FORWARD_BACKWARD["requested"],
+        te.ForwardBackwardRequested(request_id="late", model_id=RUN, seq_id=4, loss_fn="cross_entropy", data=[]),
+        15,
+    )
+    put(
+        store,
+        te.SAVE_WEIGHTS["requested"],
+        te.SaveWeightsRequested(request_id="w", model_id=RUN, seq_id=5, name="final"),
+        15,
+    )
 
     put(store, te.RUN_CANCELLED, te.RunCancelled(model_id=RUN, reason="enough", by="operator"), 16)
     put(store, te.RUN_CANCELLED, te.RunCancelled(model_id=RUN), 17)  # a second one changes nothing
     # The trainer ran them before it saw the cancellation: their results are not taken.
-    put(store, te.FORWARD_BACKWARD["completed"], RequestCompleted(request_id="late", result={"metrics": {"loss:sum": 5.0}}), 18)
+    put(
+        store,
+        te.FORWARD_BACKWARD["completed"],
+        RequestCompleted(request_id="late", result={"metrics": {"loss:sum": 5.0}}),
+        18,
+    )
     saved = CheckpointSaved(run_id=RUN, kind="weights", name="final", files={"a": BlobRef(sha256="b" * 64, size=3)})
     put(store, te.SAVE_WEIGHTS["completed"], RequestCompleted(request_id="w", result={}, checkpoint=saved), 18)
 
@@ -134,10 +183,14 @@ def test_a_fork_is_a_run_with_its_parent_and_step_in_a_session_of_its_own(store,
     assert session.tags == ["fork"] and session.project_id == "p" and session.display_name == f"fork of {RUN} at step 1"
     assert views.fork_request("alice", "f1s:train:0") == "k1" and views.fork_request("bob", "f1s:train:0") is None
 
-    saved = CheckpointSaved(run_id="f1s:train:0", kind="weights", name="forked-at-step-1", files={"a": BlobRef(sha256="d" * 64, size=3)})
+    saved = CheckpointSaved(
+        run_id="f1s:train:0", kind="weights", name="forked-at-step-1", files={"a": BlobRef(sha256="d" * 64, size=3)}
+    )
     put(store, te.FORK["completed"], RequestCompleted(request_id="k1", result={"type": "fork"}, checkpoint=saved), 21)
     assert views.run("alice", "f1s:train:0").state == "ready"
-    assert live.checkpoint("alice", "f1s:train:0", "weights/forked-at-step-1").files == {"a": {"sha256": "d" * 64, "size": 3}}
+    assert live.checkpoint("alice", "f1s:train:0", "weights/forked-at-step-1").files == {
+        "a": {"sha256": "d" * 64, "size": 3}
+    }
     # A redelivered completion, with other files, changes nothing.
     other = saved.model_copy(update={"files": {"a": BlobRef(sha256="e" * 64, size=3)}})
     put(store, te.FORK["completed"], RequestCompleted(request_id="k1", result={}, checkpoint=other), 22)
@@ -160,10 +213,22 @@ def test_run_history_reads_the_runs_requests_outcomes_and_snapshots(store):
     create(store)
     fb(store, "f1", at=10, loss=1.0, tokens=1)
     optim(store, "o1", at=11, lr=1e-3, grad_norm=0.5)
-    put(store, te.OPTIM_STEP["requested"], te.OptimStepRequested(request_id="o2", model_id=RUN, seq_id=3, adam_params=AdamParams()), 12)
+    put(
+        store,
+        te.OPTIM_STEP["requested"],
+        te.OptimStepRequested(request_id="o2", model_id=RUN, seq_id=3, adam_params=AdamParams()),
+        12,
+    )
     put(store, te.OPTIM_STEP["failed"], RequestFailed(request_id="o2", error="x"), 13)
-    put(store, te.SAVE_WEIGHTS["requested"], te.SaveWeightsRequested(request_id="w", model_id=RUN, seq_id=4, name="n"), 14)
-    snapshot = SnapshotTaken(model_id=RUN, session_id="s1", base_model="m", lora_config=LoraConfig(rank=4), next_seq=3, files={}, taken_at=T0)
+    put(
+        store,
+        te.SAVE_WEIGHTS["requested"],
+        te.SaveWeightsRequested(request_id="w", model_id=RUN, seq_id=4, name="n"),
+        14,
+    )
+    snapshot = SnapshotTaken(
+        model_id=RUN, session_id="s1", base_model="m", lora_config=LoraConfig(rank=4), next_seq=3, files={}, taken_at=T0
+    )
     put(store, SNAPSHOT_TAKEN, snapshot, 15)
     history = run_history(store, "alice", RUN)
     assert history.origin.type == te.CREATE_MODEL["requested"] and [s.next_seq for s in history.snapshots] == [3]

@@ -46,7 +46,9 @@ def test_batches_commit_in_order_and_a_failing_one_rolls_back_whole(path):
 
 
 def test_finish_checkpoints_the_wal_and_ends_the_child(path, tmp_path):
-    reader = sqlite3.connect(path)  # open throughout: the writer's close is then not the last, which would checkpoint anyway
+    reader = sqlite3.connect(
+        path
+    )  # open throughout: the writer's close is then not the last, which would checkpoint anyway
     try:
         reader.execute("SELECT count(*) FROM t").fetchall()
         writer = SqliteWriter(path)

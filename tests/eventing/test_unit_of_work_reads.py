@@ -37,14 +37,21 @@ def engine(store_url):
 def core(conn, table, keys) -> dict:
     columns = [table.c[name] for name in uow._PRIMARY[table.name]]
     match = or_(*(and_(*(c == v for c, v in zip(columns, key))) for key in keys))
-    return {uow.key_of(table.name, dict(row._mapping)): dict(row._mapping) for row in conn.execute(select(table).where(match))}
+    return {
+        uow.key_of(table.name, dict(row._mapping)): dict(row._mapping)
+        for row in conn.execute(select(table).where(match))
+    }
 
 
 @pytest.mark.parametrize(
     "table, keys",
     [
         (t.futures, [(f"read-{i}",) for i in range(len(AWKWARD))] + [("read-absent",)]),
-        (t.submissions, [(row["tenant"], row["dedup_key"]) for row in submission_rows()[::3]] + [("alice", "absent"), ("carol", "seq::0")]),
+        (
+            t.submissions,
+            [(row["tenant"], row["dedup_key"]) for row in submission_rows()[::3]]
+            + [("alice", "absent"), ("carol", "seq::0")],
+        ),
     ],
     ids=["single-key", "composite-key"],
 )
@@ -54,7 +61,9 @@ def test_driver_reads_give_what_core_gives(engine, table, keys):
         got = {uow.key_of(table.name, row): row for row in uow._reader(conn.dialect, table.name).by_keys(conn, keys)}
         assert len(want) == len(keys) - (1 if table is t.futures else 2)  # the absent keys are absent
         assert got == want
-        assert {type(v) for row in got.values() for v in row.values()} == {type(v) for row in want.values() for v in row.values()}
+        assert {type(v) for row in got.values() for v in row.values()} == {
+            type(v) for row in want.values() for v in row.values()
+        }
         # Through the unit of work, as the fold asks: every key known, present or absent.
         rows = uow.Rows(conn)
         rows.prefetch(table.name, keys)
@@ -91,12 +100,16 @@ def test_a_runs_latest_step_reads_as_cores_greatest(engine):
         rows = uow.Rows(conn)
         rows.prefetch_latest("run_steps", "step", "model_id", runs)
         for run in runs:
-            want = conn.execute(select(t.run_steps).where(t.run_steps.c.model_id == run).order_by(t.run_steps.c.step.desc()).limit(1)).first()
+            want = conn.execute(
+                select(t.run_steps).where(t.run_steps.c.model_id == run).order_by(t.run_steps.c.step.desc()).limit(1)
+            ).first()
             got = rows.latest("run_steps", "step", "model_id", run)
             if want is None:
                 assert got is None
             else:
-                assert got == {k: uow.utc(v) if k in uow._DATETIMES["run_steps"] else v for k, v in want._mapping.items()}
+                assert got == {
+                    k: uow.utc(v) if k in uow._DATETIMES["run_steps"] else v for k, v in want._mapping.items()
+                }
         assert [rows.latest("run_steps", "step", "model_id", run)["step"] for run in runs[:3]] == [3, 11, 11]
 
 
@@ -125,7 +138,12 @@ def test_a_lookups_values_are_processed_only_when_asked_for(engine, monkeypatch)
     reader = uow._reader(engine.dialect, "futures")
     with engine.connect() as conn:
         reader.by_keys(conn, [("read-1",)])  # the processors are known from a first read
-    monkeypatch.setattr(reader, "by_name", {name: (lambda v, n=name: calls.append(n) or v) for name in reader.by_name} | {"tokens": lambda v: calls.append("tokens") or v})
+    monkeypatch.setattr(
+        reader,
+        "by_name",
+        {name: (lambda v, n=name: calls.append(n) or v) for name in reader.by_name}
+        | {"tokens": lambda v: calls.append("tokens") or v},
+    )
     row = Projections(engine).future("alice", "read-1")
     assert "result" not in calls
     assert row.tokens == row.tokens == future_rows("")[1]["tokens"]
@@ -170,21 +188,30 @@ def test_sqlite_reads_a_composite_key_by_its_whole_primary_key(tmp_path, table, 
     engine = database.make_engine(f"sqlite:///{tmp_path / 'plan.db'}")
     database.upgrade(engine)
     columns = uow._PRIMARY[table]
-    keys = [tuple(i if isinstance(t.metadata.tables[table].c[c].type, Integer) else f"k{i}" for c in columns) for i in range(count)]
+    keys = [
+        tuple(i if isinstance(t.metadata.tables[table].c[c].type, Integer) else f"k{i}" for c in columns)
+        for i in range(count)
+    ]
     with engine.connect() as conn:
         sql, params = uow._reader(conn.dialect, table).query(keys)
         plan = plan_of(conn, sql, params)
     engine.dispose()
     touching = [step for step in plan if f" {table} " in f" {step} "]
     whole_key = f"({' AND '.join(f'{c}=?' for c in columns)})"
-    assert touching and all(step.startswith(f"SEARCH {table} USING") and step.endswith(whole_key) for step in touching), plan
+    assert touching and all(
+        step.startswith(f"SEARCH {table} USING") and step.endswith(whole_key) for step in touching
+    ), plan
     assert len(touching) == count
 
 
 def test_a_runs_steps_read_by_composite_key_as_core_reads_them(engine):
     """The integer half of a composite key (run_steps' step) matches as Core's select does."""
     when = future_rows("")[0]["created_at"]
-    steps = [dict(model_id=f"m{m}", step=s, tenant="alice", tokens=s, forward_backward=1, first_request_at=when) for m in range(2) for s in range(5)]
+    steps = [
+        dict(model_id=f"m{m}", step=s, tenant="alice", tokens=s, forward_backward=1, first_request_at=when)
+        for m in range(2)
+        for s in range(5)
+    ]
     with engine.begin() as conn:
         conn.execute(insert(t.run_steps), steps)
     keys = [("m0", 0), ("m0", 4), ("m1", 2), ("m1", 9), ("m9", 0)]

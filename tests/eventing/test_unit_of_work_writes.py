@@ -94,7 +94,9 @@ def test_a_batch_stores_what_one_insert_per_row_stores(engine, table, column, ma
         assert by_batch[str(i)] == expected
     compiled = [c for (statement_id, dialect, _keys), c in uow._COMPILED.items() if dialect == engine.dialect.name]
     if engine.dialect.name == "postgresql":  # the batch really went as a COPY, not a fallback
-        assert any(c.rows_insert is not None and c.rows_insert.copy_sql.startswith(f"COPY {table.name} (") for c in compiled)
+        assert any(
+            c.rows_insert is not None and c.rows_insert.copy_sql.startswith(f"COPY {table.name} (") for c in compiled
+        )
 
 
 def test_a_batch_with_a_row_already_stored_raises_integrity_error_and_stores_nothing(engine):

@@ -36,9 +36,21 @@ def run_example(recipe_server, tmp_path):
 
     def run(script: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
         # PYTHONFAULTHANDLER: a crash (a fatal signal at exit, say) leaves every thread's stack in the output.
-        env = dict(os.environ, TINKER_BASE_URL=recipe_server.url, TINKER_API_KEY=API_KEY, TINKER_TELEMETRY="0", PYTHONFAULTHANDLER="1")
-        done = subprocess.run([sys.executable, str(EXAMPLES / script), *args], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=timeout)
+        env = dict(
+            os.environ,
+            TINKER_BASE_URL=recipe_server.url,
+            TINKER_API_KEY=API_KEY,
+            TINKER_TELEMETRY="0",
+            PYTHONFAULTHANDLER="1",
+        )
+        done = subprocess.run(
+            [sys.executable, str(EXAMPLES / script), *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         # Exit 0, not only the numbers written: a recipe that crashes at interpreter exit (a
         # signal: a negative code) fails here, as it fails `make recipe-*` and autoresearch's runs.
         assert done.returncode == 0, f"exit {done.returncode}\n" + done.stdout[-4000:] + done.stderr[-4000:]

@@ -26,7 +26,10 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def progress(stdout: str, what: str = "step") -> list[tuple[int, int]]:
     """(done, total) of each progress line that carries an elapsed time and an ETA."""
-    return [(int(m[1]), int(m[2])) for m in re.finditer(rf"^(?:\[[^\]]*\] )?{what} (\d+)/(\d+) .*elapsed \d+s  eta \d+s$", stdout, re.M)]
+    return [
+        (int(m[1]), int(m[2]))
+        for m in re.finditer(rf"^(?:\[[^\]]*\] )?{what} (\d+)/(\d+) .*elapsed \d+s  eta \d+s$", stdout, re.M)
+    ]
 
 
 def curve(stem: Path) -> list[dict]:
@@ -38,8 +41,23 @@ def curve(stem: Path) -> list[dict]:
 
 def test_text_to_sql_rl_short_run(run_example, tmp_path):
     out = tmp_path / "sql"
-    done = run_example("text_to_sql_rl.py", "--base-model", TINY, "--steps", "2", "--batch-size", "2", "--group-size", "2",
-                       "--max-tokens", "4", "--eval-size", "3", "--out", str(out))
+    done = run_example(
+        "text_to_sql_rl.py",
+        "--base-model",
+        TINY,
+        "--steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--group-size",
+        "2",
+        "--max-tokens",
+        "4",
+        "--eval-size",
+        "3",
+        "--out",
+        str(out),
+    )
     rows = curve(out)
     assert [r["step"] for r in rows] == [1, 2]
     assert all(0.0 <= r["reward"] <= 1.1 and "eta" not in r for r in rows)
@@ -64,8 +82,25 @@ def test_text_to_sql_rl_short_run_trains_and_exits_cleanly(run_example, tmp_path
         "recipe.main()\n"
     )
     out = tmp_path / "trained"
-    done = run_example(str(wrapper), "--base-model", TINY, "--steps", "3", "--batch-size", "2", "--group-size", "2",
-                       "--max-tokens", "3", "--eval-size", "2", "--train-chunk", "3", "--out", str(out))
+    done = run_example(
+        str(wrapper),
+        "--base-model",
+        TINY,
+        "--steps",
+        "3",
+        "--batch-size",
+        "2",
+        "--group-size",
+        "2",
+        "--max-tokens",
+        "3",
+        "--eval-size",
+        "2",
+        "--train-chunk",
+        "3",
+        "--out",
+        str(out),
+    )
     rows = curve(out)
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["trained_groups"] == 2 and math.isfinite(r["loss"]) for r in rows)  # every group trained
@@ -75,8 +110,23 @@ def test_text_to_sql_rl_short_run_trains_and_exits_cleanly(run_example, tmp_path
 
 def test_rlvr_arithmetic_short_run(run_example, tmp_path):
     out = tmp_path / "rlvr"
-    done = run_example("rlvr_arithmetic.py", "--base-model", TINY, "--steps", "2", "--problems", "2", "--rollouts", "2",
-                       "--max-tokens", "3", "--eval-problems", "2", "--out", str(out))
+    done = run_example(
+        "rlvr_arithmetic.py",
+        "--base-model",
+        TINY,
+        "--steps",
+        "2",
+        "--problems",
+        "2",
+        "--rollouts",
+        "2",
+        "--max-tokens",
+        "3",
+        "--eval-problems",
+        "2",
+        "--out",
+        str(out),
+    )
     assert progress(done.stdout) == [(1, 2), (2, 2)]
     rows = curve(out)
     assert [r["step"] for r in rows] == [1, 2] and all(0.0 <= r["reward"] <= 1.0 for r in rows)
@@ -84,8 +134,19 @@ def test_rlvr_arithmetic_short_run(run_example, tmp_path):
 
 def test_pig_latin_short_run_trains(run_example, tmp_path):
     out = tmp_path / "pig"
-    done = run_example("pig_latin_sft.py", "--base-model", TINY, "--train-words", "8", "--test-words", "2", "--batch-size", "4",
-                       "--out", str(out))
+    done = run_example(
+        "pig_latin_sft.py",
+        "--base-model",
+        TINY,
+        "--train-words",
+        "8",
+        "--test-words",
+        "2",
+        "--batch-size",
+        "4",
+        "--out",
+        str(out),
+    )
     assert progress(done.stdout) == [(1, 2), (2, 2)]
     rows = curve(out)
     assert [r["step"] for r in rows] == [1, 2]
@@ -95,16 +156,37 @@ def test_pig_latin_short_run_trains(run_example, tmp_path):
 
 def test_autoresearch_sweep_varies_rank_runs_in_turns_and_writes_a_report(run_example, tmp_path):
     out = tmp_path / "sweep"
-    done = run_example("autoresearch_sql.py", "--base-model", TINY, "--learning-rates", "1e-4,1e-3", "--ranks", "2,4",
-                       "--group-sizes", "2", "--parallel", "2", "--steps", "1", "--batch-size", "1", "--eval-size", "1",
-                       "--max-tokens", "2", "--out", str(out))
+    done = run_example(
+        "autoresearch_sql.py",
+        "--base-model",
+        TINY,
+        "--learning-rates",
+        "1e-4,1e-3",
+        "--ranks",
+        "2,4",
+        "--group-sizes",
+        "2",
+        "--parallel",
+        "2",
+        "--steps",
+        "1",
+        "--batch-size",
+        "1",
+        "--eval-size",
+        "1",
+        "--max-tokens",
+        "2",
+        "--out",
+        str(out),
+    )
     names = [f"lr{lr}_r{rank}_g2" for lr in ("0.0001", "0.001") for rank in (2, 4)]
     assert sorted(n for n, _ in progress(done.stdout, "run")) == [1, 2, 3, 4]  # a line per finished run, with its ETA
     assert {total for _, total in progress(done.stdout, "run")} == {4}
     report = (out / "report.md").read_text()
     table = [line.split(" | ") for line in report.splitlines() if line.startswith("| lr")]
     assert sorted((row[0].removeprefix("| ").removesuffix(" **best**"), row[2]) for row in table) == sorted(
-        (name, name.split("_r")[1].split("_")[0]) for name in names)  # the rank column
+        (name, name.split("_r")[1].split("_")[0]) for name in names
+    )  # the rank column
     assert "| LoRA rank |" in report and report.count("**best**") == 1
     assert (out / "report.png").read_bytes()[:8] == PNG_MAGIC
     summary = json.loads((out / "report.json").read_text())
@@ -121,7 +203,10 @@ def test_autoresearch_sweep_varies_rank_runs_in_turns_and_writes_a_report(run_ex
 def test_autoresearch_labels_each_curve_with_its_grid_point():
     import autoresearch_sql
 
-    assert autoresearch_sql.legend_label({"lr": 1e-3, "rank": 32, "group": 8, "after": 0.95}) == "lr 0.001, rank 32, group 8 (95%)"
+    assert (
+        autoresearch_sql.legend_label({"lr": 1e-3, "rank": 32, "group": 8, "after": 0.95})
+        == "lr 0.001, rank 32, group 8 (95%)"
+    )
 
 
 def test_grpo_datums_train_with_importance_sampling(recipe_server):
@@ -133,8 +218,12 @@ def test_grpo_datums_train_with_importance_sampling(recipe_server):
     service = tinker.ServiceClient(base_url=recipe_server.url, api_key=API_KEY)
     training = service.create_lora_training_client(base_model=TINY, rank=4).result()
     prompt = [1, 2, 3, 4]
-    sampled = training.save_weights_and_get_sampling_client().result().sample(
-        types.ModelInput.from_ints(prompt), 3, types.SamplingParams(max_tokens=3, temperature=1.0)).result()
+    sampled = (
+        training.save_weights_and_get_sampling_client()
+        .result()
+        .sample(types.ModelInput.from_ints(prompt), 3, types.SamplingParams(max_tokens=3, temperature=1.0))
+        .result()
+    )
     datums = recipe.group_datums(prompt, sampled.sequences, [1.1, 0.1, 0.0])
     advantages = [d.loss_fn_inputs["advantages"].to_numpy() for d in datums]
     assert all(list(a[: len(prompt) - 1]) == [0.0] * (len(prompt) - 1) for a in advantages)

@@ -18,7 +18,9 @@ def test_split_is_disjoint_and_every_reference_returns_rows():
     # Joins are on both sides of the split, with an aggregate among them on each side.
     for split in (train, test):
         joins = [i for i in split if recipe.is_join(i)]
-        assert len(joins) > 20 and any("COUNT(*)" in i["sql"] or "AVG(" in i["sql"] or "MAX(" in i["sql"] for i in joins)
+        assert len(joins) > 20 and any(
+            "COUNT(*)" in i["sql"] or "AVG(" in i["sql"] or "MAX(" in i["sql"] for i in joins
+        )
     assert len({i["template"] for i in train + test if recipe.is_join(i)}) >= 6
 
 
@@ -33,7 +35,10 @@ def test_the_schema_is_three_related_tables():
     assert conn.execute("SELECT COUNT(*) FROM employees").fetchone() == (64,)
     assert conn.execute("SELECT COUNT(*) FROM projects").fetchone() == (len(recipe.PROJECTS),)
     # The employees are those of a seed alone: the other tables are drawn after them.
-    assert recipe.build_database(1).execute("SELECT * FROM employees").fetchall() != conn.execute("SELECT * FROM employees").fetchall()
+    assert (
+        recipe.build_database(1).execute("SELECT * FROM employees").fetchall()
+        != conn.execute("SELECT * FROM employees").fetchall()
+    )
 
 
 def test_join_references_equal_a_computation_in_python():
@@ -53,8 +58,13 @@ def test_join_references_equal_a_computation_in_python():
         elif "d.floor = " in sql:
             floor = int(sql.split("d.floor = ")[1].rstrip(";"))
             rows = [e for e in employees if floor_of[e[1]] == floor]
-            expected = ([(len(rows),)] if "COUNT" in sql else [(round(sum(e[3] for e in rows) / len(rows), 4),)] if "AVG" in sql
-                        else sorted((e[0],) for e in rows))
+            expected = (
+                [(len(rows),)]
+                if "COUNT" in sql
+                else [(round(sum(e[3] for e in rows) / len(rows), 4),)]
+                if "AVG" in sql
+                else sorted((e[0],) for e in rows)
+            )
         elif "d.budget > " in sql:
             city, budget = sql.split("e.city = '")[1].split("'")[0], int(sql.split("d.budget > ")[1].rstrip(";"))
             expected = [(sum(1 for e in employees if e[2] == city and budget_of[e[1]] > budget),)]
@@ -71,7 +81,7 @@ def test_join_references_equal_a_computation_in_python():
 def test_reward_executes_the_query():
     conn = recipe.build_database(0)
     item = next(i for i in recipe.make_questions(conn, 0, 0.3)[1] if "COUNT(*)" in i["sql"])
-    completion = item["sql"][len("SELECT"):]  # the prompt ends with "SELECT"
+    completion = item["sql"][len("SELECT") :]  # the prompt ends with "SELECT"
     assert recipe.reward(conn, item, completion) == (1.1, True)
     # Same result set written differently: still right (the reward compares results, not text).
     assert recipe.reward(conn, item, completion.replace("COUNT(*)", "count(1)"))[1]
@@ -89,7 +99,10 @@ def test_order_of_rows_does_not_matter_and_runaway_queries_stop():
 
 
 def test_accuracy_is_reported_over_joins_and_single_table_questions_apart():
-    items = [{"sql": "SELECT COUNT(*) FROM employees e JOIN departments d ON e.department = d.name;"},
-             {"sql": "SELECT name FROM employees;"}, {"sql": "SELECT COUNT(*) FROM projects;"}]
+    items = [
+        {"sql": "SELECT COUNT(*) FROM employees e JOIN departments d ON e.department = d.name;"},
+        {"sql": "SELECT name FROM employees;"},
+        {"sql": "SELECT COUNT(*) FROM projects;"},
+    ]
     assert recipe.accuracies(items, [True, False, True]) == {"all": 2 / 3, "join": 1.0, "single_table": 0.5}
     assert recipe.accuracies(items[1:], [False, False]) == {"all": 0.0, "join": None, "single_table": 0.0}

@@ -51,7 +51,9 @@ class Served:
                 pass
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise AssertionError(f"openrl function {name} did not become ready:\n" + (tmp_path / f"{name}.log").read_text())
+                raise AssertionError(
+                    f"openrl function {name} did not become ready:\n" + (tmp_path / f"{name}.log").read_text()
+                )
             time.sleep(0.1)
 
     def stop(self) -> None:

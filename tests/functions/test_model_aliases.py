@@ -22,7 +22,10 @@ def test_an_alias_shares_files_and_engines(tmp_path, tiny_files):
     codec = Codec(BlobStore(tmp_path / "blobs"))
     publisher = EventPublisher(log, codec)
     try:
-        for worker in (TrainerWorker(log, publisher, codec.blobs, models), SamplerWorker(log, publisher, codec.blobs, models)):
+        for worker in (
+            TrainerWorker(log, publisher, codec.blobs, models),
+            SamplerWorker(log, publisher, codec.blobs, models),
+        ):
             assert worker.engine(ALIAS) is worker.engine(TINY_QWEN3)
     finally:
         log.close()

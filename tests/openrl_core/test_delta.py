@@ -19,13 +19,18 @@ def brute_checksum(tensors):
 @pytest.mark.parametrize("dtype", [np.uint16, np.uint32])
 def test_checksum_equals_the_definition_and_moves_with_a_delta(dtype):
     rng = np.random.default_rng(0)
-    tensors = {"a": rng.integers(0, np.iinfo(dtype).max, (30, 7), dtype=dtype), "b": rng.integers(0, 9, 101, dtype=dtype)}
+    tensors = {
+        "a": rng.integers(0, np.iinfo(dtype).max, (30, 7), dtype=dtype),
+        "b": rng.integers(0, 9, 101, dtype=dtype),
+    }
     assert delta.checksum(tensors) == brute_checksum(tensors)
     new = tensors["a"].copy()
     new[3, 4] ^= 1
     new[29, 0] = 0
     d, where = delta.TensorDelta.of("a", tensors["a"], new)
-    moved = delta.update_checksum(delta.checksum(tensors), "a", where, tensors["a"].reshape(-1)[where], new.reshape(-1)[where])
+    moved = delta.update_checksum(
+        delta.checksum(tensors), "a", where, tensors["a"].reshape(-1)[where], new.reshape(-1)[where]
+    )
     assert moved == brute_checksum({"a": new, "b": tensors["b"]})
 
 

@@ -16,5 +16,12 @@ def test_a_stored_event_rebuilt_without_validation_equals_the_validated_one():
     assert rebuilt == original == Event(**fields) == Event.model_construct(**fields)
     assert rebuilt.model_dump() == original.model_dump() and rebuilt.model_fields_set == original.model_fields_set
     assert (rebuilt.family, rebuilt.verb, rebuilt.phase) == ("training", "optim_step", "requested")
-    done = Event.stored(**{**fields, "type": te.OPTIM_STEP["completed"], "data": RequestCompleted(request_id="r1", result={}), "lease": 7})
+    done = Event.stored(
+        **{
+            **fields,
+            "type": te.OPTIM_STEP["completed"],
+            "data": RequestCompleted(request_id="r1", result={}),
+            "lease": 7,
+        }
+    )
     assert done.phase == "completed" and done.lease == 7 and done != original

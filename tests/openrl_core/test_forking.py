@@ -34,7 +34,14 @@ RUN = [fb(1), step(2), fb(3), step(4), fb(5), step(6), Logged(7, OTHER, COMPLETE
         (RUN, [4], 2, None, 0, (1, 2, 3, 4)),  # next_seq 4 follows no completed step: not a step's state
         # failed and forward-only requests changed nothing; a failed optim_step is no step
         ([fb(1), fb(2, ENDED), fb(3, forward_only=True), step(4, ENDED), fb(5), step(6)], [], 1, None, 0, (1, 5, 6)),
-        ([fb(1), Logged(2, LOAD_WEIGHTS, COMPLETED), step(3)], [], 1, None, 0, (1, 2, 3)),  # an in-place load is re-applied
+        (
+            [fb(1), Logged(2, LOAD_WEIGHTS, COMPLETED), step(3)],
+            [],
+            1,
+            None,
+            0,
+            (1, 2, 3),
+        ),  # an in-place load is re-applied
         # requests after the step may still be running: they are not part of it
         (RUN[:4] + [fb(5, UNFINISHED)], [], 2, None, 0, (1, 2, 3, 4)),
     ],

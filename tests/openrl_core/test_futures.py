@@ -5,7 +5,13 @@ import pytest
 from openrl_core.errors import ServerError
 from openrl_core.futures import TERMINAL, TRANSITIONS, FutureState, Phase, evolve
 
-P, R, C, F, X = FutureState.PENDING, FutureState.RUNNING, FutureState.COMPLETED, FutureState.FAILED, FutureState.CANCELLED
+P, R, C, F, X = (
+    FutureState.PENDING,
+    FutureState.RUNNING,
+    FutureState.COMPLETED,
+    FutureState.FAILED,
+    FutureState.CANCELLED,
+)
 
 CASES = [
     # given, when, then

@@ -14,7 +14,11 @@ from hypothesis import strategies as st
 from openrl_core.errors import ServerError
 from openrl_core.futures import TERMINAL, TRANSITIONS, FutureState, Phase, evolve, is_terminal
 
-ENDS = {Phase.COMPLETED: FutureState.COMPLETED, Phase.FAILED: FutureState.FAILED, Phase.CANCELLED: FutureState.CANCELLED}
+ENDS = {
+    Phase.COMPLETED: FutureState.COMPLETED,
+    Phase.FAILED: FutureState.FAILED,
+    Phase.CANCELLED: FutureState.CANCELLED,
+}
 phases = st.lists(st.sampled_from(list(Phase)), max_size=30)
 
 

@@ -60,7 +60,10 @@ def test_new_ids_are_uuid7_and_sort_by_their_time(monkeypatch):
 
     made = [ids.new_uuid() for _ in range(2000)]
     assert len(set(made)) == len(made)
-    assert all(uuid.UUID(one).version == 7 and uuid.UUID(one).variant == uuid.RFC_4122 and str(uuid.UUID(one)) == one for one in made)
+    assert all(
+        uuid.UUID(one).version == 7 and uuid.UUID(one).variant == uuid.RFC_4122 and str(uuid.UUID(one)) == one
+        for one in made
+    )
     now = time.time_ns()
     clock = iter([now, now + 1_000_000, now + 2_000_000, now + 3_000_000])
     monkeypatch.setattr(ids.time, "time_ns", lambda: next(clock))

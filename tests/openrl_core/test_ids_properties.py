@@ -84,7 +84,11 @@ def test_garbage_is_refused_with_the_typed_error_or_parses_to_well_formed_parts(
 
 
 @settings(max_examples=50)
-@given(st.one_of(st.none(), st.integers(), st.floats(), st.binary(), st.lists(st.text()), st.dictionaries(st.text(), st.text())))
+@given(
+    st.one_of(
+        st.none(), st.integers(), st.floats(), st.binary(), st.lists(st.text()), st.dictionaries(st.text(), st.text())
+    )
+)
 def test_non_strings_are_refused_with_the_typed_error(value):
     try:
         TinkerPath.parse(value)

@@ -10,7 +10,10 @@ from openrl_core.losses import LOSSES, UNSUPPORTED, loss_spec, resolve_config
 
 def test_defaults_are_overlaid_by_the_request():
     assert resolve_config("ppo", None) == {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
-    assert resolve_config("ppo", {"clip_high_threshold": 1.5}) == {"clip_low_threshold": 0.8, "clip_high_threshold": 1.5}
+    assert resolve_config("ppo", {"clip_high_threshold": 1.5}) == {
+        "clip_low_threshold": 0.8,
+        "clip_high_threshold": 1.5,
+    }
     assert resolve_config("cispo", {}) == {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0}
     assert resolve_config("cross_entropy", None) == {}
 

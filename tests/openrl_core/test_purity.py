@@ -25,9 +25,7 @@ print("ok", len({modules!r}))
 
 
 def test_core_imports_without_io_libraries():
-    modules = ["openrl_core"] + [
-        m.name for m in pkgutil.walk_packages(openrl_core.__path__, prefix="openrl_core.")
-    ]
+    modules = ["openrl_core"] + [m.name for m in pkgutil.walk_packages(openrl_core.__path__, prefix="openrl_core.")]
     assert len(modules) > 10
     script = SCRIPT.format(blocked=BLOCKED, modules=modules)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)

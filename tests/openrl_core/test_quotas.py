@@ -14,7 +14,10 @@ NOW = 1_000.0
 def test_an_override_wins_over_the_default_even_when_it_lifts_the_limit():
     defaults = Quotas(requests_in_flight=4, checkpoint_bytes=100)
     overrides = {"alice": {"requests_in_flight": 1}, "bob": {"checkpoint_bytes": None}}
-    assert limits_for(defaults, overrides, "alice") == (Quotas(requests_in_flight=1, checkpoint_bytes=100), {"requests_in_flight"})
+    assert limits_for(defaults, overrides, "alice") == (
+        Quotas(requests_in_flight=1, checkpoint_bytes=100),
+        {"requests_in_flight"},
+    )
     assert limits_for(defaults, overrides, "bob") == (Quotas(requests_in_flight=4), {"checkpoint_bytes"})
     assert limits_for(defaults, overrides, "carol") == (defaults, frozenset())
     assert limits_for(Quotas(), {"a": {"checkpoint_bytes": "1KiB"}}, "a")[0].checkpoint_bytes == 1024
@@ -48,10 +51,34 @@ def refusal(limits, usage, cost, **kw) -> QuotaExceeded:
 def test_each_limit_refuses_with_a_429_naming_it_its_setting_and_a_retry_after():
     cases = [
         (Quotas(requests_in_flight=2), Usage(requests_in_flight=2), Cost(requests=1), "requests_in_flight", 1),
-        (Quotas(queued_training_tokens=100), Usage(queued_training_tokens=60), Cost(requests=1, training_tokens=41), "queued_training_tokens", 1),
-        (Quotas(sampling_tokens_per_minute=100), Usage(sampling_window=[(NOW - 20.5, 80)]), Cost(requests=1, sampling_tokens=30), "sampling_tokens_per_minute", 40),
-        (Quotas(checkpoint_bytes=100), Usage(checkpoint_bytes=100), Cost(requests=1, saves_checkpoint=True), "checkpoint_bytes", 60),
-        (Quotas(checkpoint_bytes=100), Usage(checkpoint_bytes=100, next_checkpoint_expiry=NOW + 7.2), Cost(saves_checkpoint=True), "checkpoint_bytes", 8),
+        (
+            Quotas(queued_training_tokens=100),
+            Usage(queued_training_tokens=60),
+            Cost(requests=1, training_tokens=41),
+            "queued_training_tokens",
+            1,
+        ),
+        (
+            Quotas(sampling_tokens_per_minute=100),
+            Usage(sampling_window=[(NOW - 20.5, 80)]),
+            Cost(requests=1, sampling_tokens=30),
+            "sampling_tokens_per_minute",
+            40,
+        ),
+        (
+            Quotas(checkpoint_bytes=100),
+            Usage(checkpoint_bytes=100),
+            Cost(requests=1, saves_checkpoint=True),
+            "checkpoint_bytes",
+            60,
+        ),
+        (
+            Quotas(checkpoint_bytes=100),
+            Usage(checkpoint_bytes=100, next_checkpoint_expiry=NOW + 7.2),
+            Cost(saves_checkpoint=True),
+            "checkpoint_bytes",
+            8,
+        ),
         (Quotas(checkpoint_bytes=100), Usage(checkpoint_bytes=60), Cost(checkpoint_bytes=41), "checkpoint_bytes", 60),
     ]
     for limits, usage, cost, limit, retry_after in cases:
@@ -63,17 +90,29 @@ def test_each_limit_refuses_with_a_429_naming_it_its_setting_and_a_retry_after()
 
 
 def test_an_overridden_limit_names_the_tenant_override_setting():
-    refused = refusal(Quotas(requests_in_flight=1), Usage(requests_in_flight=1), Cost(requests=1), overridden=frozenset({"requests_in_flight"}))
+    refused = refusal(
+        Quotas(requests_in_flight=1),
+        Usage(requests_in_flight=1),
+        Cost(requests=1),
+        overridden=frozenset({"requests_in_flight"}),
+    )
     assert "tenant_quotas['alice']['requests_in_flight'] (OPENRL_TENANT_QUOTAS)" in refused.detail
 
 
 def test_what_fits_passes_and_unset_limits_never_refuse():
-    limits = Quotas(requests_in_flight=3, queued_training_tokens=100, sampling_tokens_per_minute=100, checkpoint_bytes=100)
+    limits = Quotas(
+        requests_in_flight=3, queued_training_tokens=100, sampling_tokens_per_minute=100, checkpoint_bytes=100
+    )
     usage = Usage(requests_in_flight=2, queued_training_tokens=50, sampling_window=[(NOW - 1, 50)], checkpoint_bytes=99)
     check(limits, usage, Cost(requests=1, training_tokens=50), NOW)
     check(limits, usage, Cost(requests=1, sampling_tokens=50), NOW)
     check(limits, usage, Cost(requests=1, saves_checkpoint=True), NOW)  # under the limit: the save may cross it
-    check(Quotas(), Usage(requests_in_flight=10**9, checkpoint_bytes=10**18), Cost(requests=10**6, training_tokens=10**9, saves_checkpoint=True), NOW)
+    check(
+        Quotas(),
+        Usage(requests_in_flight=10**9, checkpoint_bytes=10**18),
+        Cost(requests=10**6, training_tokens=10**9, saves_checkpoint=True),
+        NOW,
+    )
     # a limit the request does not touch is not checked: sampling does not care about queued training tokens
     check(Quotas(queued_training_tokens=1), Usage(queued_training_tokens=5), Cost(requests=1, sampling_tokens=10), NOW)
 
@@ -91,4 +130,6 @@ def test_a_request_bigger_than_a_whole_limit_is_a_400_not_a_429():
 
 def test_sampling_cost_counts_every_sample_budget():
     assert sampling_tokens(prompt_tokens=10, max_tokens=20, num_samples=4) == 90
-    assert Cost(requests=1, sampling_tokens=5) + Cost(requests=2, sampling_tokens=7) == Cost(requests=3, sampling_tokens=12)
+    assert Cost(requests=1, sampling_tokens=5) + Cost(requests=2, sampling_tokens=7) == Cost(
+        requests=3, sampling_tokens=12
+    )

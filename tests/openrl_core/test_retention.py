@@ -28,7 +28,11 @@ def version(sid: str, run: str | None = "run-a", minute: int = 0, **facts) -> Sa
         # same instant: the id breaks the tie, so the answer never depends on row order
         ([version("s2", minute=5), version("s1", minute=5)], 1, {"s2"}),
         # made from a named checkpoint path, or on a base model: kept while its session is open
-        ([version("c1", minute=0, from_checkpoint=True), version("s1", minute=1), version("s2", minute=2)], 1, {"c1", "s2"}),
+        (
+            [version("c1", minute=0, from_checkpoint=True), version("s1", minute=1), version("s2", minute=2)],
+            1,
+            {"c1", "s2"},
+        ),
         ([version("base", run=None)], 1, {"base"}),
         # a finished session or a cancelled run keeps nothing, however new
         ([version("s1", minute=1), version("s2", minute=2, session_finished=True)], 1, {"s1"}),

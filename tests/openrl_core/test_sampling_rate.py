@@ -59,6 +59,8 @@ def test_random_runs_match_brute_force(seed):
         taken = rng.randint(0, 420)
         samples.append(SampleSpan(float(taken), float(taken + rng.randint(0, 30)), rng.randint(0, 64)))
     got = per_step([(s, float(t)) for s, t in ends], samples)
-    assert [(g.step, g.requests, g.tokens, g.seconds) for g in got] == [tuple(map(float, b)) for b in brute_force(ends, samples)]
+    assert [(g.step, g.requests, g.tokens, g.seconds) for g in got] == [
+        tuple(map(float, b)) for b in brute_force(ends, samples)
+    ]
     for g in got:
         assert g.tokens_per_second == (None if g.seconds == 0 else pytest.approx(g.tokens / g.seconds, abs=1e-3))

@@ -31,7 +31,11 @@ CASES = [
     ("a finished session with a request in flight keeps it", [run(finished=True, pending=2)], {TRAINER}),
     ("one of two runs finished: the worker stays", [run(finished=True), run("s2:train:0")], {TRAINER}),
     ("a sampling session wants the sampler", [run("s1:sample:0", kind="sampling")], {SAMPLER}),
-    ("a full run gets a trainer of its own", [run("s3:train:0", kind="full")], {WorkerSpec("trainer", BASE, "s3:train:0")}),
+    (
+        "a full run gets a trainer of its own",
+        [run("s3:train:0", kind="full")],
+        {WorkerSpec("trainer", BASE, "s3:train:0")},
+    ),
 ]
 
 

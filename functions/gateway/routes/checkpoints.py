@@ -111,7 +111,9 @@ def split_action(run_id: str, rest: str, actions: tuple[Optional[str], ...]) -> 
 
 
 @router.get("/training_runs/{run_id}/checkpoints")
-def list_checkpoints(run_id: str, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> CheckpointsListResponse:
+def list_checkpoints(
+    run_id: str, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)
+) -> CheckpointsListResponse:
     if ctx.projections.run(tenant, run_id) is None:
         raise NotFound(f"unknown training run {run_id!r}")
     rows, _ = ctx.projections.live_checkpoints(tenant, utcnow(), run_id=run_id)
@@ -124,11 +126,15 @@ def list_user_checkpoints(
 ) -> CheckpointsListResponse:
     check_page(limit, offset)
     rows, total = ctx.projections.live_checkpoints(tenant, utcnow(), limit=limit, offset=offset)
-    return CheckpointsListResponse(checkpoints=[checkpoint_of(row) for row in rows], cursor=cursor(offset, limit, total))
+    return CheckpointsListResponse(
+        checkpoints=[checkpoint_of(row) for row in rows], cursor=cursor(offset, limit, total)
+    )
 
 
 @router.delete(PREFIX, status_code=204)
-def delete_or_unpublish(run_id: str, rest: str, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> Response:
+def delete_or_unpublish(
+    run_id: str, rest: str, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)
+) -> Response:
     path, action = split_action(run_id, rest, (None, "publish"))
     row = require_live_checkpoint(ctx, tenant, path, utcnow())
     if action is None:
@@ -139,7 +145,9 @@ def delete_or_unpublish(run_id: str, rest: str, ctx: GatewayContext = Depends(ge
 
 
 @router.post(PREFIX, status_code=204)
-def publish(run_id: str, rest: str, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> Response:
+def publish(
+    run_id: str, rest: str, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)
+) -> Response:
     path, _ = split_action(run_id, rest, ("publish",))
     _set_public(ctx, tenant, path, require_live_checkpoint(ctx, tenant, path, utcnow()), public=True)
     return Response(status_code=204)
@@ -162,13 +170,17 @@ def set_ttl(
     now = utcnow()
     require_live_checkpoint(ctx, tenant, path, now)
     expires_at = now + timedelta(seconds=ttl_seconds) if ttl_seconds is not None else None
-    payload = CheckpointTtlSet(run_id=path.run_id, checkpoint_id=path.checkpoint_id, ttl_seconds=ttl_seconds, expires_at=expires_at)
+    payload = CheckpointTtlSet(
+        run_id=path.run_id, checkpoint_id=path.checkpoint_id, ttl_seconds=ttl_seconds, expires_at=expires_at
+    )
     ctx.emit(new_event(CHECKPOINT_TTL_SET, payload, tenant=tenant, source=SOURCE, key=path.run_id, subject=str(path)))
     return Response(status_code=204)
 
 
 @router.post("/copy_weights")
-async def copy_weights(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> CopyWeightsResponse:
+async def copy_weights(
+    request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)
+) -> CopyWeightsResponse:
     """Copy a checkpoint record under a new training run; the blobs are shared, not copied.
 
     - The copy keeps the source's kind and name: `tinker://<new run>/<kind>/<name>`, with
@@ -220,7 +232,9 @@ async def copy_weights(request: Request, ctx: GatewayContext = Depends(get_ctx),
         destination="project" if project_id is not None else "session",
         new_session_project_id=project_id,
     )
-    event = new_event(CHECKPOINT_COPIED, payload, tenant=tenant, source=SOURCE, key=checkpoint.run_id, subject=checkpoint.tinker_path)
+    event = new_event(
+        CHECKPOINT_COPIED, payload, tenant=tenant, source=SOURCE, key=checkpoint.run_id, subject=checkpoint.tinker_path
+    )
     # A copy's bytes are known now: it must fit the tenant's storage quota whole.
     with quotas.admitted(ctx, tenant, Cost(checkpoint_bytes=int(row.size_bytes)), dedup):
         ctx.emit(event, dedup=dedup)
@@ -235,7 +249,9 @@ def _destination(
         raise InvalidRequest("copy_weights needs session_id and model_seq_id together")
     if body.session_id is not None:
         if body.destination_project_id is not None:
-            raise InvalidRequest("copy_weights takes a destination_project_id or a session_id with model_seq_id, not both")
+            raise InvalidRequest(
+                "copy_weights takes a destination_project_id or a session_id with model_seq_id, not both"
+            )
         require_session(ctx, tenant, body.session_id)
         run_id = model_id_for(body.session_id, body.model_seq_id)
         existing = ctx.projections.run(tenant, run_id)
@@ -267,7 +283,9 @@ def blobs_of(ctx: GatewayContext) -> BlobStore:
 def remove_checkpoint(ctx: GatewayContext, tenant: str, row, *, expired: bool = False) -> list[str]:
     """Emit the removal of one checkpoint record, then free its unshared blobs; returns their hashes."""
     files = {name: BlobRef.model_validate(ref) for name, ref in row.files.items()}
-    payload = CheckpointRemoved(run_id=row.run_id, checkpoint_id=row.checkpoint_id, files=files, expires_at=utc(row.expires_at))
+    payload = CheckpointRemoved(
+        run_id=row.run_id, checkpoint_id=row.checkpoint_id, files=files, expires_at=utc(row.expires_at)
+    )
     type_ = CHECKPOINT_EXPIRED if expired else CHECKPOINT_DELETED
     ctx.emit(new_event(type_, payload, tenant=tenant, source=SOURCE, key=row.run_id, subject=row.tinker_path))
     return collect_blobs(ctx, tenant, files.values())

@@ -49,15 +49,22 @@ def capabilities(ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(g
     models = []
     for name in ctx.models.catalog.names():
         files = ctx.models.files(name)
-        models.append({"model_name": name, "max_context_length": files.max_context, "trainable": True, "sampleable": True})
+        models.append(
+            {"model_name": name, "max_context_length": files.max_context, "trainable": True, "sampleable": True}
+        )
     return {"supported_models": models}
 
 
 @router.post("/telemetry")
-def telemetry(body: TelemetrySendRequest, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> dict:
+def telemetry(
+    body: TelemetrySendRequest, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)
+) -> dict:
     kinds = Counter(event.event for event in body.events)
     payload = TelemetryReceived(
-        session_id=body.session_id or "unknown", event_count=len(body.events), kinds=dict(kinds), sdk_version=body.sdk_version
+        session_id=body.session_id or "unknown",
+        event_count=len(body.events),
+        kinds=dict(kinds),
+        sdk_version=body.sdk_version,
     )
     ctx.emit(new_event(TELEMETRY_RECEIVED, payload, tenant=tenant, source=SOURCE, key=body.session_id))
     return {"status": "accepted"}

@@ -20,7 +20,11 @@ from openrl_core.errors import NotFound
 
 router = APIRouter()
 ASSETS = Path(__file__).resolve().parents[1] / "dashboard"
-TYPES = {"index.html": "text/html; charset=utf-8", "dashboard.js": "text/javascript; charset=utf-8", "dashboard.css": "text/css; charset=utf-8"}
+TYPES = {
+    "index.html": "text/html; charset=utf-8",
+    "dashboard.js": "text/javascript; charset=utf-8",
+    "dashboard.css": "text/css; charset=utf-8",
+}
 HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data: blob:; "
     "base-uri 'none'; form-action 'none'; frame-ancestors 'none'",

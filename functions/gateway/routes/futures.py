@@ -72,7 +72,9 @@ def submitted_key(sampling_session_id: str) -> str:
 
 
 @router.post("/retrieve_future")
-async def retrieve_future(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> Response:
+async def retrieve_future(
+    request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)
+) -> Response:
     body = FutureRetrieveRequest.model_validate_json(await read_body(request, 64 * 1024))
     accept = request.headers.get("accept", "")
     deadline = time.monotonic() + ctx.settings.long_poll_seconds
@@ -102,7 +104,9 @@ async def retrieve_future(request: Request, ctx: GatewayContext = Depends(get_ct
                 queue_state = TryAgainResponse(request_id=body.request_id)
                 return JSONResponse(queue_state.model_dump(exclude_none=True), status_code=408)
             try:
-                await asyncio.wait_for(woken.wait(), timeout=min(max(remaining, 0), PENDING_HINT_WAIT) if hinted else remaining)
+                await asyncio.wait_for(
+                    woken.wait(), timeout=min(max(remaining, 0), PENDING_HINT_WAIT) if hinted else remaining
+                )
             except asyncio.TimeoutError:
                 pass
 
@@ -157,7 +161,9 @@ def render(row, accept: str) -> Response:
 
 
 @router.post("/retrieve_futures")
-async def retrieve_futures(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> JSONResponse:
+async def retrieve_futures(
+    request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)
+) -> JSONResponse:
     body = FuturesRetrieveRequest.model_validate_json(await read_body(request, 4 * 1024 * 1024))
     sampling_session_id = body.target.sampling_session_id
     session = await ctx.blocking(ctx.projections.sampling_session, tenant, sampling_session_id)
@@ -178,7 +184,9 @@ async def retrieve_futures(request: Request, ctx: GatewayContext = Depends(get_c
                 completed = [watches.enter_context(ctx.waiters.watch(request_id)) for request_id in pending]
                 page = await ctx.blocking(feed.after, tenant, sampling_session_id, cursor, MAX_COMPLETIONS)
                 cursor = page.cursor
-                mine = [c for c in page.completions if (c.seq_id or 0) // CLONE_SEQ_STRIDE == body.target.cloned_sampler_id]
+                mine = [
+                    c for c in page.completions if (c.seq_id or 0) // CLONE_SEQ_STRIDE == body.target.cloned_sampler_id
+                ]
                 remaining = deadline - time.monotonic()
                 if mine or remaining <= 0:
                     completions = await ctx.blocking(_describe, feed, tenant, mine)
@@ -215,7 +223,9 @@ async def _first_of(events: list[asyncio.Event], timeout: float) -> None:
 
 
 @router.post("/cancel_future")
-async def cancel_future(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> CancelFutureResponse:
+async def cancel_future(
+    request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)
+) -> CancelFutureResponse:
     """Ask the sampler to drop a sample it has not started; anything else is left as it is.
 
     Training requests are never cancelled: each holds a seq_id that later requests of its
@@ -229,7 +239,9 @@ async def cancel_future(request: Request, ctx: GatewayContext = Depends(get_ctx)
     if status == "cancel_requested":
         session = await ctx.blocking(ctx.projections.sampling_session, tenant, row.model_id)
         payload = SampleCancelRequested(request_id=row.request_id, sampling_session_id=row.model_id)
-        event = new_event(SAMPLE_CANCEL_REQUESTED, payload, tenant=tenant, source=SOURCE, key=row.model_id, subject=row.request_id)
+        event = new_event(
+            SAMPLE_CANCEL_REQUESTED, payload, tenant=tenant, source=SOURCE, key=row.model_id, subject=row.request_id
+        )
         # Same topic and key as the sample itself, so the sampler sees the cancel after it.
         where = topics.topic(tenant, "sampling", ctx.models.canonical(session.base_model))
         await ctx.blocking(ctx.emit, event, where, Dedup.of(f"cancel:{row.request_id}", b""))

@@ -12,8 +12,8 @@ from functions.gateway.deps import get_ctx, get_tenant, read_body, require_run, 
 from functions.gateway.submit import submit, submit_sequenced, submitting, training_stream
 from openrl_core.errors import InvalidRequest, NotFound
 from openrl_core.events.lifecycle import BlobRef
-from openrl_core.finetune import FULL_FINETUNE_KEY, check_full_finetune_config, is_full_finetune
 from openrl_core.events.training import CREATE_MODEL, LOAD_WEIGHTS, CreateModelRequested, LoadWeightsRequested
+from openrl_core.finetune import FULL_FINETUNE_KEY, check_full_finetune_config, is_full_finetune
 from openrl_core.ids import TinkerPath, model_id_for, new_request_id
 from openrl_core.params import LoraConfig
 from openrl_core.wire.base import UntypedAPIFuture
@@ -30,7 +30,9 @@ def _check_optimizer(config: dict | None) -> dict:
 
 
 @router.post("/create_model")
-async def create_model(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> UntypedAPIFuture:
+async def create_model(
+    request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)
+) -> UntypedAPIFuture:
     raw = await read_body(request, ctx.settings.max_request_bytes)
     return await submitting(ctx, _create_model, tenant, raw)
 
@@ -61,12 +63,22 @@ def _create_model(ctx: GatewayContext, tenant: str, raw: bytes) -> UntypedAPIFut
     )
     dedup = Dedup.of(f"model:{body.session_id}:{body.model_seq_id}", raw)
     return submit(
-        ctx, tenant, CREATE_MODEL["requested"], payload, stream=training_stream(full), base_model=body.base_model, key=model_id, dedup=dedup, model_id=model_id
+        ctx,
+        tenant,
+        CREATE_MODEL["requested"],
+        payload,
+        stream=training_stream(full),
+        base_model=body.base_model,
+        key=model_id,
+        dedup=dedup,
+        model_id=model_id,
     )
 
 
 @router.post("/get_info")
-def get_info(body: GetInfoRequest, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> GetInfoResponse:
+def get_info(
+    body: GetInfoRequest, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)
+) -> GetInfoResponse:
     run = require_run(ctx, tenant, body.model_id)
     files = ctx.models.files(run.base_model)
     return GetInfoResponse(
@@ -92,7 +104,9 @@ def resolve_checkpoint(ctx: GatewayContext, tenant: str, path: str):
 
 
 @router.post("/load_weights")
-async def load_weights(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> UntypedAPIFuture:
+async def load_weights(
+    request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)
+) -> UntypedAPIFuture:
     raw = await read_body(request, ctx.settings.max_request_bytes)
     return await submitting(ctx, _load_weights, tenant, raw)
 
@@ -112,7 +126,12 @@ def _load_weights(ctx: GatewayContext, tenant: str, raw: bytes) -> UntypedAPIFut
             raise InvalidRequest(f"checkpoint is for {source_run.base_model!r}, this model is {run.base_model!r}")
         _check_same_kind(source_run, run)
         return LoadWeightsRequested(
-            request_id=request_id, model_id=run.model_id, seq_id=body.seq_id, path=body.path, files=files, with_optimizer=body.optimizer
+            request_id=request_id,
+            model_id=run.model_id,
+            seq_id=body.seq_id,
+            path=body.path,
+            files=files,
+            with_optimizer=body.optimizer,
         )
 
     return submit_sequenced(
@@ -132,7 +151,9 @@ def _check_loadable(parsed: TinkerPath, with_optimizer: bool) -> None:
     if parsed.kind == "external_weights":
         raise InvalidRequest("external_weights checkpoints are exports and cannot be loaded; use a weights/ path")
     if with_optimizer and parsed.kind != "weights":
-        raise InvalidRequest("optimizer state is only saved in weights/ checkpoints (save_state), not in sampler_weights/")
+        raise InvalidRequest(
+            "optimizer state is only saved in weights/ checkpoints (save_state), not in sampler_weights/"
+        )
 
 
 def _create_via_load(ctx: GatewayContext, tenant: str, body: LoadWeightsRequest, raw: bytes) -> UntypedAPIFuture:
@@ -158,5 +179,13 @@ def _create_via_load(ctx: GatewayContext, tenant: str, body: LoadWeightsRequest,
     )
     dedup = Dedup.of(f"model:{body.session_id}:{body.model_seq_id}", raw)
     return submit(
-        ctx, tenant, LOAD_WEIGHTS["requested"], payload, stream=training_stream(full), base_model=base_model, key=model_id, dedup=dedup, model_id=model_id
+        ctx,
+        tenant,
+        LOAD_WEIGHTS["requested"],
+        payload,
+        stream=training_stream(full),
+        base_model=base_model,
+        key=model_id,
+        dedup=dedup,
+        model_id=model_id,
     )

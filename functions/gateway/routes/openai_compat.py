@@ -222,7 +222,9 @@ def sampling_params(body: wire.SamplingArgs, max_tokens: int) -> SamplingParams:
 def fit_context(prompts: list[list[int]], max_tokens: Optional[int], max_context: int) -> int:
     longest = max(len(p) for p in prompts)
     if longest >= max_context:
-        raise InvalidRequest(f"This model's maximum context length is {max_context} tokens; the prompt holds {longest}.")
+        raise InvalidRequest(
+            f"This model's maximum context length is {max_context} tokens; the prompt holds {longest}."
+        )
     if max_tokens is None:
         return max_context - longest
     if longest + max_tokens > max_context:
@@ -259,7 +261,9 @@ def _submit_job(job: Job) -> None:
             sampling_params=job.params,
             sample_sequence_ids=[f"{request_id}:{i}" for i in range(job.n)],
         )
-        kwargs = dict(stream="sampling", base_model=job.target.base_model, key=job.sampling_session_id, dedup=None, admit=False)
+        kwargs = dict(
+            stream="sampling", base_model=job.target.base_model, key=job.sampling_session_id, dedup=None, admit=False
+        )
         ids.append(submit(job.ctx, job.tenant, SAMPLE["requested"], payload, **kwargs).request_id)
     job.request_ids = tuple(ids)
 
@@ -300,7 +304,16 @@ async def await_job(job: Job, request: Request) -> list[Completion]:
     choices = []
     for result in results:
         for sequence in result["sequences"]:
-            choices.append(finish(sequence["tokens"], sequence["logprobs"], sequence["stop_reason"], job.stops, job.codec.eos_ids, job.codec.decode))
+            choices.append(
+                finish(
+                    sequence["tokens"],
+                    sequence["logprobs"],
+                    sequence["stop_reason"],
+                    job.stops,
+                    job.codec.eos_ids,
+                    job.codec.decode,
+                )
+            )
     return choices
 
 
@@ -312,7 +325,14 @@ def cancel_job(job: Job) -> None:
         if row is None or is_terminal(FutureState(row.state)):
             continue
         payload = SampleCancelRequested(request_id=request_id, sampling_session_id=job.sampling_session_id)
-        event = new_event(SAMPLE_CANCEL_REQUESTED, payload, tenant=job.tenant, source=SOURCE, key=job.sampling_session_id, subject=request_id)
+        event = new_event(
+            SAMPLE_CANCEL_REQUESTED,
+            payload,
+            tenant=job.tenant,
+            source=SOURCE,
+            key=job.sampling_session_id,
+            subject=request_id,
+        )
         job.ctx.emit(event, where, Dedup.of(f"cancel:{request_id}", b""))
 
 
@@ -328,7 +348,9 @@ async def prepare(request: Request, body: wire.SamplingArgs, tenant: str, prompt
     check_prompts(prompts, files.vocab_size)
     n = body.n or 1
     if len(prompts) * n > MAX_NUM_SAMPLES:
-        raise InvalidRequest(f"at most {MAX_NUM_SAMPLES} choices per request (prompts x n); asked for {len(prompts) * n}")
+        raise InvalidRequest(
+            f"at most {MAX_NUM_SAMPLES} choices per request (prompts x n); asked for {len(prompts) * n}"
+        )
     if body.stop is not None and isinstance(body.stop, list) and len(body.stop) > wire.MAX_STOP_SEQUENCES:
         raise InvalidRequest(f"stop holds at most {wire.MAX_STOP_SEQUENCES} sequences")
     if any(s == "" for s in body.stop_strings() or ()):
@@ -365,7 +387,9 @@ async def completions(request: Request, ctx: GatewayContext = Depends(get_ctx), 
 
 
 @router.post("/chat/completions")
-async def chat_completions(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(openai_tenant)):
+async def chat_completions(
+    request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(openai_tenant)
+):
     body = wire.ChatCompletionRequest.model_validate_json(await read_body(request, ctx.settings.max_request_bytes))
     if body.top_logprobs and not body.logprobs:
         raise InvalidRequest("top_logprobs needs logprobs: true")

@@ -68,9 +68,9 @@ def parse_body(raw: bytes) -> tuple[int, float]:
     try:
         body = json.loads(raw or b"null")
     except ValueError:
-        raise InvalidRequest("the body must be JSON: {\"step\": N}") from None
+        raise InvalidRequest('the body must be JSON: {"step": N}') from None
     if not isinstance(body, dict) or "step" not in body:
-        raise InvalidRequest("the body must be a JSON object with the step to fork at: {\"step\": N}")
+        raise InvalidRequest('the body must be a JSON object with the step to fork at: {"step": N}')
     unknown = sorted(set(body) - FIELDS)
     if unknown:
         raise InvalidRequest(f"unknown field(s) {unknown}; a fork takes step and wait_seconds")
@@ -127,7 +127,12 @@ def prepare(ctx: GatewayContext, row, step: int, fork_session: str) -> te.ForkRe
     replay = [history.requests[seq_id] for seq_id in plan.replay]
     for event in replay:
         if event.type == te.LOAD_WEIGHTS["requested"]:
-            _check_files(ctx, tenant, event.data.files, f"the checkpoint {event.data.path} the run loaded at seq_id {event.data.seq_id}")
+            _check_files(
+                ctx,
+                tenant,
+                event.data.files,
+                f"the checkpoint {event.data.path} the run loaded at seq_id {event.data.seq_id}",
+            )
     session = ctx.projections.session(tenant, row.session_id)
     return te.ForkRequested(
         request_id=new_request_id(),
@@ -163,7 +168,14 @@ def submit(ctx: GatewayContext, row, step: int, raw: bytes, idempotency_key: Opt
                 raise Conflict(f"this X-Idempotency-Key was used for a fork at step {earlier.forked_from_step}")
             return earlier.model_id, views(ctx).fork_request(row.tenant, earlier.model_id)
     payload = prepare(ctx, row, step, fork_session)
-    event = new_event(te.FORK["requested"], payload, tenant=row.tenant, source=SOURCE, key=payload.model_id, subject=payload.request_id)
+    event = new_event(
+        te.FORK["requested"],
+        payload,
+        tenant=row.tenant,
+        source=SOURCE,
+        key=payload.model_id,
+        subject=payload.request_id,
+    )
     where = topics.topic(row.tenant, training_stream(payload.full_finetune), ctx.models.canonical(row.base_model))
     with quotas.admitted(ctx, row.tenant, quotas.cost_of(payload), dedup):  # a fork is a request in flight
         appended = ctx.emit(event, where, dedup)
@@ -171,7 +183,9 @@ def submit(ctx: GatewayContext, row, step: int, raw: bytes, idempotency_key: Opt
 
 
 @router.post("/runs/{run_id}/fork")
-async def fork_run(run_id: str, request: Request, ctx: GatewayContext = Depends(get_ctx), caller: Caller = Depends(get_caller)) -> dict:
+async def fork_run(
+    run_id: str, request: Request, ctx: GatewayContext = Depends(get_ctx), caller: Caller = Depends(get_caller)
+) -> dict:
     raw = await read_body(request, 4096)
     step, wait = parse_body(raw)
     row = await run_in_threadpool(require_visible_run, ctx, caller, run_id)
@@ -197,7 +211,9 @@ async def _wait(ctx: GatewayContext, tenant: str, request_id: str, seconds: floa
 
 def _answer(row, step: int, fork_id: str, request_id: str, future) -> dict[str, Any]:
     state = FutureState(future.state) if future is not None else FutureState.PENDING
-    status = {FutureState.COMPLETED: "ready", FutureState.FAILED: "failed", FutureState.CANCELLED: "cancelled"}.get(state, "creating")
+    status = {FutureState.COMPLETED: "ready", FutureState.FAILED: "failed", FutureState.CANCELLED: "cancelled"}.get(
+        state, "creating"
+    )
     result = (future.result or {}) if state is FutureState.COMPLETED else {}
     return {
         "schema": "openrl.fork.v1",
@@ -206,7 +222,10 @@ def _answer(row, step: int, fork_id: str, request_id: str, future) -> dict[str, 
         "forked_from": {"run": row.model_id, "step": step},
         "tinker_path": f"tinker://{fork_id}/weights/{checkpoint_name(step)}",
         "request_id": request_id,
-        "rebuilt_from": {"snapshot_step": result.get("snapshot_step"), "replayed_requests": result.get("replayed_requests")}
+        "rebuilt_from": {
+            "snapshot_step": result.get("snapshot_step"),
+            "replayed_requests": result.get("replayed_requests"),
+        }
         if result
         else None,
         "error": future.error if future is not None and state in (FutureState.FAILED, FutureState.CANCELLED) else None,

@@ -82,7 +82,9 @@ def event_json(ctx: GatewayContext, tenant: str, row) -> dict[str, Any]:
     else:
         try:
             payload = ctx.store.codec.unpack(tenant, row.type, row.data, None)
-            fields = {name: _small(value) for name, value in payload.model_dump(mode="json").items() if value is not None}
+            fields = {
+                name: _small(value) for name, value in payload.model_dump(mode="json").items() if value is not None
+            }
         except Exception as error:  # an event type this gateway does not know (a newer worker's)
             fields = {"undecoded": type(error).__name__}
     return {
@@ -101,7 +103,9 @@ def event_json(ctx: GatewayContext, tenant: str, row) -> dict[str, Any]:
 def _start_position(after: Optional[int], last_event_id: Optional[str]) -> Optional[int]:
     if last_event_id is not None:
         if not (last_event_id.isascii() and last_event_id.isdigit() and int(last_event_id) <= MAX_POSITION):
-            raise InvalidRequest(f"Last-Event-ID must be an event position (a whole number), got {last_event_id[:40]!r}")
+            raise InvalidRequest(
+                f"Last-Event-ID must be an event position (a whole number), got {last_event_id[:40]!r}"
+            )
         return int(last_event_id)
     if after is not None and not 0 <= after <= MAX_POSITION:  # store positions are 64-bit integers
         raise InvalidRequest(f"after must be between 0 and {MAX_POSITION}, got {after}")
@@ -208,8 +212,15 @@ def step_sampling(steps, rows, complete: bool) -> list[dict[str, Any]]:
         # back that far may be missing some of them.
         if not complete and (previous is None or previous < oldest):
             continue
-        out.append({"step": entry.step, "requests": entry.requests, "tokens": entry.tokens, "seconds": entry.seconds,
-                    "tokens_per_second": entry.tokens_per_second})
+        out.append(
+            {
+                "step": entry.step,
+                "requests": entry.requests,
+                "tokens": entry.tokens,
+                "seconds": entry.seconds,
+                "tokens_per_second": entry.tokens_per_second,
+            }
+        )
     return out
 
 
@@ -221,4 +232,10 @@ def run_sampling(run_id: str, ctx: GatewayContext = Depends(get_ctx), caller: Ca
     rows = store.finished_samples(row.tenant, samplers, MAX_STEP_SAMPLES) if samplers else []
     steps = step_sampling(store.steps(run_id), rows, complete=len(rows) < MAX_STEP_SAMPLES)
     samples = [sample_json(r) for r in rows[-MAX_SAMPLES:]]
-    return {"schema": "openrl.sampling.v1", "run_id": run_id, "sampling_sessions": samplers, "steps": steps, "samples": samples}
+    return {
+        "schema": "openrl.sampling.v1",
+        "run_id": run_id,
+        "sampling_sessions": samplers,
+        "steps": steps,
+        "samples": samples,
+    }

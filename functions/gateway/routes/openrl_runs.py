@@ -38,9 +38,9 @@ from functions.gateway.deps import Caller, get_caller, get_ctx
 from functions.gateway.routes.checkpoints import utcnow
 from functions.gateway.submit import training_stream
 from openrl_core.errors import Conflict, InvalidRequest, NotFound
-from openrl_core.wire.futures import MAX_POSITION
 from openrl_core.events import new_event
 from openrl_core.events.training import RUN_CANCELLED, RunCancelled
+from openrl_core.wire.futures import MAX_POSITION
 
 PREFIX = "/api/openrl/v1"
 router = APIRouter(prefix=PREFIX)
@@ -140,7 +140,11 @@ def show_run(run_id: str, ctx: GatewayContext = Depends(get_ctx), caller: Caller
         "pending_requests": len(store.open_futures(row.tenant, [run_id])),
         "checkpoints": [checkpoint_json(c) for c in checkpoints],
         "sampling_sessions": [
-            {"sampling_session_id": s.sampling_session_id, "created_at": iso(s.created_at), "closed_at": iso(s.closed_at)}
+            {
+                "sampling_session_id": s.sampling_session_id,
+                "created_at": iso(s.created_at),
+                "closed_at": iso(s.closed_at),
+            }
             for s in samplers
         ],
     }
@@ -199,7 +203,9 @@ def cancel_run(
     # run sent before it. One cancel per run: a concurrent second one is a duplicate.
     where = topics.topic(row.tenant, training_stream(not row.is_lora), ctx.models.canonical(row.base_model))
     store = views(ctx)
-    samplers = [s.sampling_session_id for s in store.sampling_sessions_of_run(row.tenant, run_id) if s.closed_at is None]
+    samplers = [
+        s.sampling_session_id for s in store.sampling_sessions_of_run(row.tenant, run_id) if s.closed_at is None
+    ]
     unfinished = store.open_futures(row.tenant, [run_id, *samplers])
     appended = ctx.emit(event, where, Dedup.of(f"cancel-run:{run_id}", b""))
     if not appended.stored:

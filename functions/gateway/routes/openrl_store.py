@@ -58,7 +58,9 @@ def list_checkpoints(
 
 
 @router.get("/checkpoints/archive")
-def checkpoint_archive(path: str, ctx: GatewayContext = Depends(get_ctx), caller: Caller = Depends(get_caller)) -> StreamingResponse:
+def checkpoint_archive(
+    path: str, ctx: GatewayContext = Depends(get_ctx), caller: Caller = Depends(get_caller)
+) -> StreamingResponse:
     row = _visible_checkpoint(ctx, caller, path)
     blobs = blobs_of(ctx)
     mtime = int(utc(row.created_at).timestamp()) if row.created_at is not None else 0
@@ -94,7 +96,9 @@ def checkpoint_archive(path: str, ctx: GatewayContext = Depends(get_ctx), caller
             _close(members)
 
     headers = {"Content-Disposition": f'attachment; filename="{filename}"', "Content-Length": str(length)}
-    return StreamingResponse(stream(), media_type="application/x-tar", headers=headers, background=BackgroundTask(_close, members))
+    return StreamingResponse(
+        stream(), media_type="application/x-tar", headers=headers, background=BackgroundTask(_close, members)
+    )
 
 
 def _padding(size: int) -> int:

@@ -87,7 +87,9 @@ def visible(entries: dict[str, list[dict]], caller: Caller, tenants: dict[str, s
 
 
 @router.get("/timeline")
-def timeline(since: float = 0.0, ctx: GatewayContext = Depends(get_ctx), caller: Caller = Depends(get_caller)) -> dict[str, Any]:
+def timeline(
+    since: float = 0.0, ctx: GatewayContext = Depends(get_ctx), caller: Caller = Depends(get_caller)
+) -> dict[str, Any]:
     if not since >= 0:  # also refuses NaN
         raise InvalidRequest(f"since must be unix seconds, 0 or more, got {since}")
     path = socket_path(ctx.settings)

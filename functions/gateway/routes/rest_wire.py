@@ -147,7 +147,9 @@ def cursor(offset: int, limit: int, total: int) -> Cursor:
 
 def check_ttl(ttl_seconds: Optional[int]) -> Optional[int]:
     if ttl_seconds is not None and not MIN_TTL_SECONDS <= ttl_seconds <= MAX_TTL_SECONDS:
-        raise InvalidRequest(f"ttl_seconds must be between {MIN_TTL_SECONDS} (1 hour) and {MAX_TTL_SECONDS} (10 years), got {ttl_seconds}")
+        raise InvalidRequest(
+            f"ttl_seconds must be between {MIN_TTL_SECONDS} (1 hour) and {MAX_TTL_SECONDS} (10 years), got {ttl_seconds}"
+        )
     return ttl_seconds
 
 

@@ -78,7 +78,9 @@ def list_training_runs(
     check_scope(access_scope)
     rows, total = ctx.projections.runs_page(tenant, limit, offset, project_id=project_id)
     now = utcnow()
-    return TrainingRunsResponse(training_runs=[training_run_of(ctx, tenant, row, now) for row in rows], cursor=cursor(offset, limit, total))
+    return TrainingRunsResponse(
+        training_runs=[training_run_of(ctx, tenant, row, now) for row in rows], cursor=cursor(offset, limit, total)
+    )
 
 
 @router.get("/training_runs/{run_id}")
@@ -90,7 +92,9 @@ def get_training_run(
 
 
 @router.post("/weights_info")
-def weights_info(body: WeightsInfoRequest, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> WeightsInfoResponse:
+def weights_info(
+    body: WeightsInfoRequest, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)
+) -> WeightsInfoResponse:
     """What a client needs to load a checkpoint: the run's base model and LoRA shape."""
     path = TinkerPath.parse(body.tinker_path)
     require_live_checkpoint(ctx, tenant, path, utcnow())
@@ -122,11 +126,16 @@ def list_sessions(
 
 @router.get("/sessions/{session_id}")
 def get_session(
-    session_id: str, access_scope: str = "owned", ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)
+    session_id: str,
+    access_scope: str = "owned",
+    ctx: GatewayContext = Depends(get_ctx),
+    tenant: str = Depends(get_tenant),
 ) -> GetSessionResponse:
     check_scope(access_scope)
     session = require_session(ctx, tenant, session_id)
-    runs = sorted(ctx.projections.runs_of_session(tenant, session_id), key=lambda row: (utc(row.created_at), row.model_id))
+    runs = sorted(
+        ctx.projections.runs_of_session(tenant, session_id), key=lambda row: (utc(row.created_at), row.model_id)
+    )
     samplers = ctx.projections.sampling_sessions_of(tenant, session_id)
     return GetSessionResponse(
         training_run_ids=[row.model_id for row in runs],

@@ -11,12 +11,12 @@ from typing import Optional
 from fastapi import APIRouter, Depends, Request
 
 from eventing.store.event_store import Dedup
+from functions.compute.weight_sync import MANIFEST
 from functions.gateway.context import SOURCE, GatewayContext
 from functions.gateway.deps import get_ctx, get_tenant, read_body, require_open_sampler, require_session
-from functions.gateway.routes.models import resolve_checkpoint
 from functions.gateway.routes.futures import submitted_key
+from functions.gateway.routes.models import resolve_checkpoint
 from functions.gateway.submit import submit
-from functions.compute.weight_sync import MANIFEST
 from openrl_core.errors import Gone, InvalidRequest, NotFound
 from openrl_core.events import new_event
 from openrl_core.events.lifecycle import BlobRef
@@ -74,7 +74,9 @@ def _create_sampling_session(ctx: GatewayContext, tenant: str, raw: bytes) -> Cr
     return CreateSamplingSessionResponse(sampling_session_id=sampling_session_id)
 
 
-def checkpoint_weights(ctx: GatewayContext, tenant: str, model_path: str) -> tuple[str, Optional[dict[str, BlobRef]], Optional[BlobRef]]:
+def checkpoint_weights(
+    ctx: GatewayContext, tenant: str, model_path: str
+) -> tuple[str, Optional[dict[str, BlobRef]], Optional[BlobRef]]:
     """What a sample from the checkpoint at `model_path` runs on: (base model, LoRA adapter
     files, or a full run's published weights manifest). Another tenant's path is NotFound."""
     parsed, _row, run, files = resolve_checkpoint(ctx, tenant, model_path)
@@ -89,7 +91,9 @@ def checkpoint_weights(ctx: GatewayContext, tenant: str, model_path: str) -> tup
 
 
 @router.get("/samplers/{sampling_session_id}")
-def get_sampler(sampling_session_id: str, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> GetSamplerResponse:
+def get_sampler(
+    sampling_session_id: str, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)
+) -> GetSamplerResponse:
     row = ctx.projections.sampling_session(tenant, sampling_session_id)
     if row is None:
         raise NotFound(f"unknown sampler {sampling_session_id!r}")
@@ -97,7 +101,9 @@ def get_sampler(sampling_session_id: str, ctx: GatewayContext = Depends(get_ctx)
 
 
 @router.post("/asample")
-async def asample(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> UntypedAPIFuture:
+async def asample(
+    request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)
+) -> UntypedAPIFuture:
     raw = await read_body(request, ctx.settings.max_request_bytes)
     return await ctx.blocking(_asample, ctx, tenant, raw)
 
@@ -180,7 +186,9 @@ def _validate(body: SampleRequest, prompt: list[int], vocab_size: int, max_conte
         raise InvalidRequest(f"num_samples must be between 1 and {MAX_NUM_SAMPLES}, got {body.num_samples}")
     max_tokens = body.sampling_params.max_tokens
     if max_tokens is not None and len(prompt) + max_tokens > max_context:
-        raise InvalidRequest(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds the model context of {max_context}")
+        raise InvalidRequest(
+            f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds the model context of {max_context}"
+        )
     if len(prompt) >= max_context:
         raise InvalidRequest(f"prompt of {len(prompt)} tokens leaves no room in the model context of {max_context}")
     if not 0 <= body.topk_prompt_logprobs <= MAX_TOPK:
@@ -214,4 +222,3 @@ def _require_weights(ctx: GatewayContext, tenant: str, session) -> None:
         f"(a training run keeps its {ctx.settings.sampler_versions_kept} newest sampler versions); sample from a newer "
         "one, or save a named checkpoint (save_weights_for_sampler with a name) to keep weights"
     )
-

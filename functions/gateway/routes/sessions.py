@@ -45,7 +45,9 @@ def create_session(
 
 
 @router.post("/session_heartbeat")
-def heartbeat(body: SessionHeartbeatRequest, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> dict:
+def heartbeat(
+    body: SessionHeartbeatRequest, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)
+) -> dict:
     session = require_session(ctx, tenant, body.session_id)
     if session.finished_at is not None:
         raise Gone(f"session {body.session_id!r} has finished")
@@ -56,7 +58,10 @@ def heartbeat(body: SessionHeartbeatRequest, ctx: GatewayContext = Depends(get_c
 
 @router.post("/sessions/{session_id}/finish")
 def finish(
-    session_id: str, body: FinishSessionRequest, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)
+    session_id: str,
+    body: FinishSessionRequest,
+    ctx: GatewayContext = Depends(get_ctx),
+    tenant: str = Depends(get_tenant),
 ) -> dict:
     session = require_session(ctx, tenant, session_id)
     if session.finished_at is None:

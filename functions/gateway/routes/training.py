@@ -66,7 +66,9 @@ def _unzstd(raw: bytes, limit: int) -> bytes:
 
 
 @router.post("/forward_backward")
-async def forward_backward(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> UntypedAPIFuture:
+async def forward_backward(
+    request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)
+) -> UntypedAPIFuture:
     """Protobuf (every SDK since 0.2x with `proto_write_fwdbwd`, always in 0.38) or JSON (older)."""
     raw = await _body(request, ctx)
     return await submitting(ctx, _forward_backward, tenant, raw, request.headers.get("content-type", "").lower())
@@ -75,10 +77,14 @@ async def forward_backward(request: Request, ctx: GatewayContext = Depends(get_c
 def _forward_backward(ctx: GatewayContext, tenant: str, raw: bytes, content_type: str) -> UntypedAPIFuture:
     if "protobuf" in content_type:
         message = proto.parse_forward_backward(raw)
-        return _submit_forward_backward(ctx, tenant, message.model_id, message.seq_id, raw, lambda: proto.decode_forward_backward(message))
+        return _submit_forward_backward(
+            ctx, tenant, message.model_id, message.seq_id, raw, lambda: proto.decode_forward_backward(message)
+        )
     if "json" in content_type:
         envelope = jsonbodies.parse_envelope(raw, "forward_backward")
-        return _submit_forward_backward(ctx, tenant, envelope.model_id, envelope.seq_id, raw, lambda: jsonbodies.decode(raw, forward_only=False))
+        return _submit_forward_backward(
+            ctx, tenant, envelope.model_id, envelope.seq_id, raw, lambda: jsonbodies.decode(raw, forward_only=False)
+        )
     raise InvalidRequest(
         "forward_backward expects an application/x-protobuf ForwardBackwardRequest body "
         "(or, from older SDKs, an application/json one)"
@@ -86,7 +92,9 @@ def _forward_backward(ctx: GatewayContext, tenant: str, raw: bytes, content_type
 
 
 @router.post("/forward")
-async def forward(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> UntypedAPIFuture:
+async def forward(
+    request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)
+) -> UntypedAPIFuture:
     """Older SDKs' TrainingClient.forward: a JSON forward_backward that leaves no gradient.
 
     Newer ones send `forward_backward` with `forward_only` set instead. Either way it takes a
@@ -98,11 +106,18 @@ async def forward(request: Request, ctx: GatewayContext = Depends(get_ctx), tena
 
 def _forward(ctx: GatewayContext, tenant: str, raw: bytes) -> UntypedAPIFuture:
     envelope = jsonbodies.parse_envelope(raw, "forward")
-    return _submit_forward_backward(ctx, tenant, envelope.model_id, envelope.seq_id, raw, lambda: jsonbodies.decode(raw, forward_only=True))
+    return _submit_forward_backward(
+        ctx, tenant, envelope.model_id, envelope.seq_id, raw, lambda: jsonbodies.decode(raw, forward_only=True)
+    )
 
 
 def _submit_forward_backward(
-    ctx: GatewayContext, tenant: str, model_id: str, seq_id: int, raw: bytes, decode: Callable[[], proto.ForwardBackwardCall]
+    ctx: GatewayContext,
+    tenant: str,
+    model_id: str,
+    seq_id: int,
+    raw: bytes,
+    decode: Callable[[], proto.ForwardBackwardCall],
 ) -> UntypedAPIFuture:
     run = require_run(ctx, tenant, model_id)
     if seq_id < 1:
@@ -122,11 +137,15 @@ def _submit_forward_backward(
             data=[DatumRecord.from_datum(datum) for datum in call.data],
         )
 
-    return submit_sequenced(ctx, tenant, run=run, seq_id=seq_id, body=raw, event_type=FORWARD_BACKWARD["requested"], build=build)
+    return submit_sequenced(
+        ctx, tenant, run=run, seq_id=seq_id, body=raw, event_type=FORWARD_BACKWARD["requested"], build=build
+    )
 
 
 @router.post("/optim_step")
-async def optim_step(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> UntypedAPIFuture:
+async def optim_step(
+    request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)
+) -> UntypedAPIFuture:
     raw = await read_body(request, ctx.settings.max_request_bytes)
     return await submitting(ctx, _optim_step, tenant, raw)
 
@@ -138,13 +157,22 @@ def _optim_step(ctx: GatewayContext, tenant: str, raw: bytes) -> UntypedAPIFutur
     def build(request_id: str) -> OptimStepRequested:
         if body.optimizer_params is not None and body.optimizer_params.get("type") not in (None, "adamw"):
             raise InvalidRequest(f"optimizer {body.optimizer_params.get('type')!r} is not supported; use adam_params")
-        return OptimStepRequested(request_id=request_id, model_id=run.model_id, seq_id=body.seq_id, adam_params=body.adam_params or AdamParams())
+        return OptimStepRequested(
+            request_id=request_id,
+            model_id=run.model_id,
+            seq_id=body.seq_id,
+            adam_params=body.adam_params or AdamParams(),
+        )
 
-    return submit_sequenced(ctx, tenant, run=run, seq_id=body.seq_id, body=raw, event_type=OPTIM_STEP["requested"], build=build)
+    return submit_sequenced(
+        ctx, tenant, run=run, seq_id=body.seq_id, body=raw, event_type=OPTIM_STEP["requested"], build=build
+    )
 
 
 @router.post("/save_weights")
-async def save_weights(request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)) -> UntypedAPIFuture:
+async def save_weights(
+    request: Request, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)
+) -> UntypedAPIFuture:
     raw = await read_body(request, ctx.settings.max_request_bytes)
     return await submitting(ctx, _save_weights, tenant, raw)
 
@@ -168,7 +196,9 @@ def _save_weights(ctx: GatewayContext, tenant: str, raw: bytes) -> UntypedAPIFut
             user_metadata=body.user_metadata,
         )
 
-    return submit_sequenced(ctx, tenant, run=run, seq_id=body.seq_id, body=raw, event_type=SAVE_WEIGHTS["requested"], build=build)
+    return submit_sequenced(
+        ctx, tenant, run=run, seq_id=body.seq_id, body=raw, event_type=SAVE_WEIGHTS["requested"], build=build
+    )
 
 
 def _refuse_existing(ctx: GatewayContext, tenant: str, path: TinkerPath, overwrite: bool) -> None:
@@ -212,5 +242,11 @@ def _save_weights_for_sampler(ctx: GatewayContext, tenant: str, raw: bytes) -> U
         )
 
     return submit_sequenced(
-        ctx, tenant, run=run, seq_id=body.seq_id, body=raw, event_type=SAVE_WEIGHTS_FOR_SAMPLER["requested"], build=build
+        ctx,
+        tenant,
+        run=run,
+        seq_id=body.seq_id,
+        body=raw,
+        event_type=SAVE_WEIGHTS_FOR_SAMPLER["requested"],
+        build=build,
     )

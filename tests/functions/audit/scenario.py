@@ -49,7 +49,9 @@ class Stream:
         self._seq = 0
 
     def emit(self, type_, payload, *, t: float, source: str, key: Optional[str], stream: str) -> Event:
-        event = new_event(type_, payload, tenant=self.tenant, source=source, key=key, subject=getattr(payload, "request_id", None))
+        event = new_event(
+            type_, payload, tenant=self.tenant, source=source, key=key, subject=getattr(payload, "request_id", None)
+        )
         event = event.model_copy(update={"time": T0 + timedelta(seconds=t)})
         self.events.append(event)
         if self.publisher is not None:
@@ -77,11 +79,15 @@ class Stream:
             request_id=request_id, model_id=self.model, seq_id=self._seq, loss_fn="cross_entropy",
             forward_only=forward_only, data=[datum(n) for n in lengths],
         )  # fmt: skip
-        return self.emit(te.FORWARD_BACKWARD["requested"], payload, t=t, source=GATEWAY, key=self.model, stream="training")
+        return self.emit(
+            te.FORWARD_BACKWARD["requested"], payload, t=t, source=GATEWAY, key=self.model, stream="training"
+        )
 
     def optim_step(self, request_id: str, t: float) -> Event:
         self._seq += 1
-        payload = te.OptimStepRequested(request_id=request_id, model_id=self.model, seq_id=self._seq, adam_params=AdamParams())
+        payload = te.OptimStepRequested(
+            request_id=request_id, model_id=self.model, seq_id=self._seq, adam_params=AdamParams()
+        )
         return self.emit(te.OPTIM_STEP["requested"], payload, t=t, source=GATEWAY, key=self.model, stream="training")
 
     def save_weights(self, request_id: str, t: float, name: str = "ckpt-1") -> Event:
@@ -116,7 +122,9 @@ class Stream:
         return self.emit(types["failed"], payload, t=t, source=source, key=request.key, stream="completions")
 
     def saved(self, request: Event, t: float) -> Event:
-        checkpoint = CheckpointSaved(run_id=self.model, kind="weights", name=request.data.name, files={"adapter": _blob()})
+        checkpoint = CheckpointSaved(
+            run_id=self.model, kind="weights", name=request.data.name, files={"adapter": _blob()}
+        )
         return self.completed(request, t, {"path": checkpoint.tinker_path}, checkpoint=checkpoint)
 
     def sampled(self, request: Event, t: float, lengths=(3, 2)) -> Event:

@@ -39,7 +39,10 @@ def test_a_node_runs_audit_and_metrics(tmp_path, tiny_files):
         assert done.is_set()
         with urllib.request.urlopen(f"http://127.0.0.1:{node.metrics.port}/metrics", timeout=5) as answer:
             text = answer.read().decode()
-        assert 'openrl_requests_completed_total{base_model="openrl/tiny-qwen3",tenant="alice",type="create_model"} 1.0' in text
+        assert (
+            'openrl_requests_completed_total{base_model="openrl/tiny-qwen3",tenant="alice",type="create_model"} 1.0'
+            in text
+        )
     finally:
         node.stop()
     assert (tmp_path / "metrics" / "state.json").exists()

@@ -30,7 +30,11 @@ class Blobs:
 
 def master(seed=0):
     g = torch.Generator().manual_seed(seed)
-    return {"a.weight": torch.randn(64, 48, generator=g) * 0.05, "b.bias": torch.randn(300, generator=g), "c": torch.randn(7, 7, generator=g)}
+    return {
+        "a.weight": torch.randn(64, 48, generator=g) * 0.05,
+        "b.bias": torch.randn(300, generator=g),
+        "c": torch.randn(7, 7, generator=g),
+    }
 
 
 def adam_like_update(params, step, lr=1e-5):
@@ -50,7 +54,9 @@ def published(params):
 
 
 def fresh_receiver(shapes):
-    return Receiver({k: torch.nn.Parameter(torch.zeros(v.shape), requires_grad=False) for k, v in shapes.items()}, "bfloat16")
+    return Receiver(
+        {k: torch.nn.Parameter(torch.zeros(v.shape), requires_grad=False) for k, v in shapes.items()}, "bfloat16"
+    )
 
 
 def assert_bitwise(a, b):
@@ -130,7 +136,9 @@ def test_a_delta_is_refused_on_the_wrong_base_and_on_a_bad_checksum_leaving_the_
     tampered = list(pieces)
     values = bytearray(tampered[0].values)
     values[0] ^= 0x01  # one bit of one new value
-    tampered[0] = type(tampered[0])(tampered[0].name, tampered[0].count, tampered[0].index_width, tampered[0].indices, bytes(values))
+    tampered[0] = type(tampered[0])(
+        tampered[0].name, tampered[0].count, tampered[0].index_width, tampered[0].indices, bytes(values)
+    )
     bad = weight_sync.encode_delta({k: v for k, v in header.items() if k not in ("format", "tensors")}, tampered)
     with pytest.raises(InvalidRequest, match="fails its checksum"):
         receiver.apply_delta(bad, delta_link)
@@ -182,7 +190,9 @@ def test_loaded_weights_are_aligned_so_parking_does_not_change_the_samplers_bits
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight, "still tied"
     copies = FullRunCopies(lambda files: SamplerEngine(files), 2)
     copy = copies.create("alice:run", tiny_files, "bfloat16")
-    job = SampleJob(prompt_tokens=list(range(100, 160)), num_samples=4, params=SamplingParams(max_tokens=4, temperature=1.0, seed=3))
+    job = SampleJob(
+        prompt_tokens=list(range(100, 160)), num_samples=4, params=SamplingParams(max_tokens=4, temperature=1.0, seed=3)
+    )
     before = [s.logprobs for s in copy.engine.sample([job])[0].sequences]
     copies.park("alice:run")
     assert all(p.numel() == 0 for p in copy.receiver.params.values())

@@ -34,7 +34,10 @@ OBJECT_META = {
     "properties": {
         "name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"},
         "namespace": {"type": "string"},
-        "labels": {"type": "object", "additionalProperties": {"type": "string", "maxLength": 63, "pattern": LABEL_VALUE.pattern}},
+        "labels": {
+            "type": "object",
+            "additionalProperties": {"type": "string", "maxLength": 63, "pattern": LABEL_VALUE.pattern},
+        },
         "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
     },
 }
@@ -69,9 +72,15 @@ def problems(obj: dict) -> list[str]:
     key = (obj.get("apiVersion"), obj.get("kind"))
     where = f"{key[1]} {obj.get('metadata', {}).get('name')}"
     if key in CUSTOM:
-        found = [f"{where}: {'.'.join(map(str, e.absolute_path))}: {e.message}" for e in _validator(CUSTOM[key]).iter_errors(obj)]
+        found = [
+            f"{where}: {'.'.join(map(str, e.absolute_path))}: {e.message}"
+            for e in _validator(CUSTOM[key]).iter_errors(obj)
+        ]
         meta = jsonschema.Draft7Validator(OBJECT_META)
-        found += [f"{where}: metadata.{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in meta.iter_errors(obj.get("metadata"))]
+        found += [
+            f"{where}: metadata.{'.'.join(map(str, e.absolute_path))}: {e.message}"
+            for e in meta.iter_errors(obj.get("metadata"))
+        ]
         return found
     try:
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
@@ -80,4 +89,8 @@ def problems(obj: dict) -> list[str]:
     except kubernetes_validate.SchemaNotFoundError:
         return [f"{where}: no published schema for {key} in Kubernetes {KUBERNETES_VERSION}"]
     labels = (obj.get("metadata") or {}).get("labels") or {}
-    return [f"{where}: label {k}={v!r} is not a label value" for k, v in labels.items() if len(v) > 63 or not LABEL_VALUE.match(v)]
+    return [
+        f"{where}: label {k}={v!r} is not a label value"
+        for k, v in labels.items()
+        if len(v) > 63 or not LABEL_VALUE.match(v)
+    ]

@@ -29,7 +29,11 @@ def kubeconfig(tmp_path, url: str):
 def namespace(kube, name="openrl"):
     # kmock cannot store Namespaces (its path parser takes `namespaces` for a namespace), so
     # the existing namespace is a canned answer to GET.
-    kube.emulator[f"get /api/v1/namespaces/{name}"] << {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    kube.emulator[f"get /api/v1/namespaces/{name}"] << {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name},
+    }
 
 
 def secrets(kube, namespace="openrl"):
@@ -38,7 +42,10 @@ def secrets(kube, namespace="openrl"):
 
 
 def test_dry_run_prints_manifests_that_validate(capsys):
-    assert main(["deploy", "--dry-run", "--image", IMAGE, "--overlay", "gpu", "--overlay", "topics", "--tenant", "alice"]) == 0
+    assert (
+        main(["deploy", "--dry-run", "--image", IMAGE, "--overlay", "gpu", "--overlay", "topics", "--tenant", "alice"])
+        == 0
+    )
     objects = [o for o in yaml.safe_load_all(capsys.readouterr().out) if o]
     assert len(objects) > 20 and [p for o in objects for p in problems(o)] == []
     assert {o["kind"] for o in objects} >= {"KafkaSource", "KafkaTopic", "DaemonSet", "Deployment", "ClusterRole"}
@@ -76,11 +83,15 @@ def test_no_cluster_credentials_is_refused_before_anything(tmp_path, monkeypatch
 
 def test_missing_namespace_and_secrets_are_named_before_anything_is_applied(kube, tmp_path, capsys):
     assert main(["deploy", "--image", IMAGE, "--kubeconfig", kubeconfig(tmp_path, kube.url)]) == 2
-    assert "namespace 'openrl' does not exist; create it first: kubectl create namespace openrl" in capsys.readouterr().err
+    assert (
+        "namespace 'openrl' does not exist; create it first: kubectl create namespace openrl" in capsys.readouterr().err
+    )
     namespace(kube)
     assert main(["deploy", "--image", IMAGE, "--kubeconfig", kubeconfig(tmp_path, kube.url)]) == 2
     err = capsys.readouterr().err
-    assert "missing Secret(s) ['openrl-api-keys', 'openrl-database']" in err and "kubectl -n openrl create secret" in err
+    assert (
+        "missing Secret(s) ['openrl-api-keys', 'openrl-database']" in err and "kubectl -n openrl create secret" in err
+    )
     assert owned(kube.api, "openrl") == [] and not kube.requests("POST")  # nothing applied
 
 
@@ -98,7 +109,22 @@ def test_apply_twice_changes_nothing_then_status_and_delete(kube, tmp_path, caps
     assert len(second) == len(first) and all(line.startswith("unchanged") for line in second)
     assert len(kube.requests("POST")) + len(kube.requests("PATCH")) == writes  # not one write
 
-    assert main(["deploy", "--image", "registry.example/openrl:0.2.0", "--overlay", "gpu", "--tenant", "alice", "--kubeconfig", config]) == 0
+    assert (
+        main(
+            [
+                "deploy",
+                "--image",
+                "registry.example/openrl:0.2.0",
+                "--overlay",
+                "gpu",
+                "--tenant",
+                "alice",
+                "--kubeconfig",
+                config,
+            ]
+        )
+        == 0
+    )
     third = capsys.readouterr().out
     assert "patched   Deployment/openrl-projector" in third and "unchanged ServiceAccount/openrl" in third
 
@@ -119,7 +145,12 @@ def test_apply_reports_each_object_once_in_apply_order(kube):
     changes = apply(kube.api, objects)
     assert [c.name for c in changes] == [o["metadata"]["name"] for o in objects]
     kinds = [c.kind for c in changes]
-    assert kinds.index("ServiceAccount") < kinds.index("ConfigMap") < kinds.index("Deployment") < kinds.index("KafkaSource")
+    assert (
+        kinds.index("ServiceAccount")
+        < kinds.index("ConfigMap")
+        < kinds.index("Deployment")
+        < kinds.index("KafkaSource")
+    )
 
 
 def test_config_refuses_a_missing_manifest_directory(tmp_path):
@@ -152,4 +183,6 @@ def test_wait_reports_each_knative_service_ready_or_fails_with_its_reason(kube, 
     assert main([*argv[:-1], "10"]) == 0
     timer.join()
     out = capsys.readouterr().out
-    assert [line for line in out.splitlines() if line.startswith("ready")] == [f"ready     KnativeService/{n}" for n in names]
+    assert [line for line in out.splitlines() if line.startswith("ready")] == [
+        f"ready     KnativeService/{n}" for n in names
+    ]

@@ -23,7 +23,9 @@ def test_every_overlay_directory_is_rendered():
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed here: only our renderer runs")
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_same_objects_as_kubectl_kustomize(overlay):
-    done = subprocess.run(["kubectl", "kustomize", str(KNATIVE / "overlays" / overlay)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["kubectl", "kustomize", str(KNATIVE / "overlays" / overlay)], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     theirs = {identity(o): o for o in yaml.safe_load_all(done.stdout) if o}
     ours = {identity(o): o for o in build(KNATIVE / "overlays" / overlay)}
@@ -39,7 +41,8 @@ def test_strategic_merge_by_the_fields_merge_keys():
                       "tolerations": [{"key": "t2"}]}}  # fmt: skip
     merged = merge(base, patch)
     assert merged["spec"]["containers"] == [
-        {"name": "b"}, {"name": "a", "image": "x", "env": [{"name": "B", "value": "2"}, {"name": "A", "value": "1"}]}
+        {"name": "b"},
+        {"name": "a", "image": "x", "env": [{"name": "B", "value": "2"}, {"name": "A", "value": "1"}]},
     ]
     assert merged["spec"]["tolerations"] == [{"key": "t2"}]  # no merge key: replaced
     assert base["spec"]["containers"][0]["env"] == [{"name": "A", "value": "1"}]  # inputs untouched

@@ -45,7 +45,11 @@ def test_every_rendered_manifest_validates_strictly(name):
 def test_stamped_workers_validate_placed_or_not(overlays):
     templates = worker_templates(deployment(overlays=overlays))
     assert sorted(templates) == ["sampler", "trainer"]
-    specs = [WorkerSpec("trainer", TINY_QWEN3), WorkerSpec("sampler", SMOLLM2_135M), WorkerSpec("trainer", TINY_QWEN3, "s1:train:3")]
+    specs = [
+        WorkerSpec("trainer", TINY_QWEN3),
+        WorkerSpec("sampler", SMOLLM2_135M),
+        WorkerSpec("trainer", TINY_QWEN3, "s1:train:3"),
+    ]
     for spec in specs:
         for pin in (None, Pin("gpu-node-7", 2)):
             worker = stamp(templates[spec.role], spec, pin, memory_bytes=2**30)
@@ -75,7 +79,13 @@ def _mutated(obj, path, value):
 CONTAINER = ["spec", "template", "spec", "containers", 0]
 BAD = [
     ("knative: unknown container field", _gateway, CONTAINER + ["imagePullSecret"], "x", "Additional properties"),
-    ("knative: wrong type", _gateway, ["spec", "template", "spec", "containerConcurrency"], "0", "is not of type 'integer'"),
+    (
+        "knative: wrong type",
+        _gateway,
+        ["spec", "template", "spec", "containerConcurrency"],
+        "0",
+        "is not of type 'integer'",
+    ),
     ("knative: unknown spec field", _gateway, ["spec", "minScale"], 1, "Additional properties"),
     ("knative: bad label value", _gateway, ["metadata", "labels", "x"], "-bad-", "does not match"),
     ("kafkasource: unknown field", _source, ["spec", "topic"], "t", "Additional properties"),
@@ -160,7 +170,11 @@ def test_settings_image_namespace_and_labels_are_filled_in():
 
 def test_workers_are_templates_for_the_scheduler_not_applied():
     objects = render(deployment(overlays=["gpu"]))
-    assert not [o for o in objects if o["kind"] == "StatefulSet" and o["metadata"]["name"] in ("openrl-trainer", "openrl-sampler")]
+    assert not [
+        o
+        for o in objects
+        if o["kind"] == "StatefulSet" and o["metadata"]["name"] in ("openrl-trainer", "openrl-sampler")
+    ]
     templates = next(o for o in objects if o["metadata"]["name"] == "openrl-worker-templates")["data"]
     trainer = yaml.safe_load(templates["trainer.yaml"])
     pod = trainer["spec"]["template"]["spec"]

@@ -42,9 +42,14 @@ ON_PURPOSE = ("%access.lookup.refused%", "%seq.skipped%")
 STATE_STATUSES = {401, 403, 404, 408, 409, 410}
 CONTEXT = "the prompt's tokens summed over its chunks (or prompts), with max_tokens, against the model's context: a sum"
 DATUM_RULES = [
-    (r"^data\[\d+\]\.(model_input has \d+ tokens|loss_fn_inputs)", "a datum's loss inputs against its own token count and loss: lengths"),
-    (r"has \d+ values but shape|^sparse (tensor has|column index)|^sparse_crow_indices must",
-     "a tensor's shape against its value count (a product), its CSR indices against its values (lengths)"),
+    (
+        r"^data\[\d+\]\.(model_input has \d+ tokens|loss_fn_inputs)",
+        "a datum's loss inputs against its own token count and loss: lengths",
+    ),
+    (
+        r"has \d+ values but shape|^sparse (tensor has|column index)|^sparse_crow_indices must",
+        "a tensor's shape against its value count (a product), its CSR indices against its values (lengths)",
+    ),
 ]
 # operation -> [(what the 400's detail says, why the description cannot say it)]
 UNSTATED: dict[str, list[tuple[str, str]]] = {
@@ -56,12 +61,20 @@ UNSTATED: dict[str, list[tuple[str, str]]] = {
         (r"exceeds it|leaves no room|context", CONTEXT),
         (r"^at most \d+ choices per request \(prompts x n\)", "the number of prompts times n: a product"),
     ],
-    "POST /v1/chat/completions": [(r"exceeds it|leaves no room|context", "the rendered chat's tokens with max_tokens: a sum")],
+    "POST /v1/chat/completions": [
+        (r"exceeds it|leaves no room|context", "the rendered chat's tokens with max_tokens: a sum")
+    ],
     "POST /api/v1/forward_backward": DATUM_RULES,
     "POST /api/v1/forward": DATUM_RULES,
-    "POST /api/v1/save_weights": [(r"already exists; pass overwrite=True", "the store's state: a checkpoint of that name")],
-    "POST /api/v1/save_weights_for_sampler": [(r"^sampling session .* already exists", "the store's state: that sampling session")],
-    "POST /api/openrl/v1/runs/{run_id}/fork": [(r"^step must be between 0 and \d+ \(the run's completed", "the run's state: its steps")],
+    "POST /api/v1/save_weights": [
+        (r"already exists; pass overwrite=True", "the store's state: a checkpoint of that name")
+    ],
+    "POST /api/v1/save_weights_for_sampler": [
+        (r"^sampling session .* already exists", "the store's state: that sampling session")
+    ],
+    "POST /api/openrl/v1/runs/{run_id}/fork": [
+        (r"^step must be between 0 and \d+ \(the run's completed", "the run's state: its steps")
+    ],
 }
 _before: dict[str, int] = {}
 _fresh_seq_ids = itertools.count(1000)  # above the seeded run's own
@@ -87,7 +100,11 @@ def seeded_ids(case) -> None:
         return
     if meta.phase.name == "examples" and body.get("model_id") == PLACEHOLDER_MODEL:
         body["model_id"] = model
-    if body.get("model_id") == model and isinstance(body.get("seq_id"), int) and (meta.generation.mode.is_positive or meta.phase.name == "examples"):
+    if (
+        body.get("model_id") == model
+        and isinstance(body.get("seq_id"), int)
+        and (meta.generation.mode.is_positive or meta.phase.name == "examples")
+    ):
         body["seq_id"] = next(_fresh_seq_ids)  # any seq_id >= 1 is as valid; a used one is a 409
 
 
@@ -136,7 +153,9 @@ def valid_body(case) -> bool:
     key = (case.operation.label, str(case.media_type))
     if key not in _validators:
         spec = case.operation.schema.raw_schema
-        content = spec["paths"][case.operation.path][case.operation.method.lower()].get("requestBody", {}).get("content", {})
+        content = (
+            spec["paths"][case.operation.path][case.operation.method.lower()].get("requestBody", {}).get("content", {})
+        )
         schema = (content.get(case.media_type) or {}).get("schema", {})
         _validators[key] = Draft202012Validator({**schema, "components": spec.get("components", {})})
     return _validators[key].is_valid(case.body)

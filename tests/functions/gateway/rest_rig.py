@@ -31,7 +31,9 @@ SAVE_ROUTE = {
 
 @pytest.fixture
 def rest(tmp_path, tiny_files):
-    settings = Settings(data_dir=tmp_path, models=[MODEL], api_keys=[f"alice={ALICE}", f"bob={BOB}"], operator_api_key=OPERATOR)
+    settings = Settings(
+        data_dir=tmp_path, models=[MODEL], api_keys=[f"alice={ALICE}", f"bob={BOB}"], operator_api_key=OPERATOR
+    )
     runtime = Runtime(settings)
     with TestClient(create_app(runtime.gateway_context())) as client:
         yield Rig(client, runtime)
@@ -63,7 +65,13 @@ class Rig:
         return self.ok("POST", "/api/v1/create_session", {"tags": [], "user_metadata": {}, **fields}, key)["session_id"]
 
     def model(self, session_id: str, model_seq_id: int = 0, key: str = ALICE, rank: int = 4, **fields) -> str:
-        body = {"session_id": session_id, "model_seq_id": model_seq_id, "base_model": MODEL, "lora_config": {"rank": rank}, **fields}
+        body = {
+            "session_id": session_id,
+            "model_seq_id": model_seq_id,
+            "base_model": MODEL,
+            "lora_config": {"rank": rank},
+            **fields,
+        }
         return self.ok("POST", "/api/v1/create_model", body, key)["model_id"]
 
     def next_seq(self, model_id: str) -> int:
@@ -83,11 +91,20 @@ class Rig:
     ) -> CheckpointSaved:
         route, family = SAVE_ROUTE[kind]
         future = self.ok("POST", route, {"model_id": model_id, "seq_id": self.next_seq(model_id), "path": name}, key)
-        files = files or {"adapter_model.safetensors": f"{model_id}/{name}".encode(), "adapter_config.json": b'{"r": 4}'}
+        files = files or {
+            "adapter_model.safetensors": f"{model_id}/{name}".encode(),
+            "adapter_config.json": b'{"r": 4}',
+        }
         refs = {file: self.runtime.blobs.put(tenant, content) for file, content in files.items()}
-        checkpoint = CheckpointSaved(run_id=model_id, kind=kind, name=name, files=refs, expires_at=expires_at, user_metadata=user_metadata)
-        done = RequestCompleted(request_id=future["request_id"], result={"path": checkpoint.tinker_path}, checkpoint=checkpoint)
-        self.runtime.store.append(new_event(family["completed"], done, tenant=tenant, source="/test-trainer", key=model_id))
+        checkpoint = CheckpointSaved(
+            run_id=model_id, kind=kind, name=name, files=refs, expires_at=expires_at, user_metadata=user_metadata
+        )
+        done = RequestCompleted(
+            request_id=future["request_id"], result={"path": checkpoint.tinker_path}, checkpoint=checkpoint
+        )
+        self.runtime.store.append(
+            new_event(family["completed"], done, tenant=tenant, source="/test-trainer", key=model_id)
+        )
         return checkpoint
 
     def snapshot(self) -> dict:

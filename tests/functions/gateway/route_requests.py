@@ -22,7 +22,11 @@ OPENRL = "/api/openrl/v1"
 WITHOUT_IDS = {
     ("GET", "/openapi.json"): ("GET", "/openapi.json", None),
     ("GET", "/api/v1/healthz"): ("GET", "/api/v1/healthz", None),
-    ("POST", "/api/v1/create_session"): ("POST", "/api/v1/create_session", {"tags": ["t"], "user_metadata": {"k": "v"}}),
+    ("POST", "/api/v1/create_session"): (
+        "POST",
+        "/api/v1/create_session",
+        {"tags": ["t"], "user_metadata": {"k": "v"}},
+    ),
     ("POST", "/api/v1/client/config"): ("POST", "/api/v1/client/config", {"sdk_version": "0.38.0"}),
     ("POST", "/api/v1/client/dynamic_config"): ("POST", "/api/v1/client/dynamic_config", {}),
     ("GET", "/api/v1/get_server_capabilities"): ("GET", "/api/v1/get_server_capabilities", None),
@@ -42,9 +46,15 @@ WITHOUT_IDS = {
 }
 # As the owner these wait for a worker this rig does not run (a sampler's answer, events to
 # stream): with the store up they are called as another tenant only.
-WAITS_FOR_A_WORKER = {("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("GET", OPENRL + "/runs/{run_id}/events")}
+WAITS_FOR_A_WORKER = {
+    ("POST", "/v1/completions"),
+    ("POST", "/v1/chat/completions"),
+    ("GET", OPENRL + "/runs/{run_id}/events"),
+}
 # Documented 503 without answering one here: the store is read only in a case this rig lacks.
-STORE_ONLY_AT_TIMES = {("GET", OPENRL + "/timeline"): "reads the store only when the node's timeslicer names runs (no timeslicer here)"}
+STORE_ONLY_AT_TIMES = {
+    ("GET", OPENRL + "/timeline"): "reads the store only when the node's timeslicer names runs (no timeslicer here)"
+}
 # Last, so that what they end (a run, a session, a checkpoint) is still there for the others.
 ENDING = {("POST", OPENRL + "/runs/{run_id}/cancel"), ("POST", "/api/v1/sessions/{session_id}/finish")}
 
@@ -59,9 +69,17 @@ def every_request(rig: Rig) -> list[tuple[tuple[str, str], str, str, str, object
     for caller, ids in ((ALICE, alice), (BOB, alice)):
         for route, calls in sorted(cases(ids, bob, lambda: next(counter)).items()):
             for method, path, body in calls:
-                if caller == ALICE and isinstance(body, dict) and body.get("model_id") == alice["model"] and "seq_id" in body:
+                if (
+                    caller == ALICE
+                    and isinstance(body, dict)
+                    and body.get("model_id") == alice["model"]
+                    and "seq_id" in body
+                ):
                     body = {**body, "seq_id": rig.next_seq(alice["model"])}
-                    for key in ("forward_backward_input", "forward_input"):  # a datum that trains, not the refused empty batch
+                    for key in (
+                        "forward_backward_input",
+                        "forward_input",
+                    ):  # a datum that trains, not the refused empty batch
                         body = {**body, key: FB_INPUT} if key in body else body
                 requests.append((route, caller, method, path, body))
     last = lambda request: request[0] in ENDING or request[2] == "DELETE"  # noqa: E731

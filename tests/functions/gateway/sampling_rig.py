@@ -34,7 +34,9 @@ class Rig:
     def post(self, path: str, body: dict, key: str = ALICE, **headers):
         return self.client.post(path, json=body, headers={"X-API-Key": key, **headers})
 
-    def sample(self, seq_id: int = 1, prompt=(1, 2, 3), max_tokens: int = 4, sampling_session_id: str | None = None) -> str:
+    def sample(
+        self, seq_id: int = 1, prompt=(1, 2, 3), max_tokens: int = 4, sampling_session_id: str | None = None
+    ) -> str:
         body = {
             "sampling_session_id": sampling_session_id or self.sampling_session_id,
             "seq_id": seq_id,
@@ -52,9 +54,19 @@ class Rig:
             payload = RequestFailed(request_id=request_id, error="boom", category="server")
         else:
             sequence = {"tokens": list(tokens), "logprobs": [-0.5] * len(tokens), "stop_reason": "length"}
-            payload = RequestCompleted(request_id=request_id, result={"sequences": [sequence], "prompt_logprobs": None, "topk_prompt_logprobs": None})
+            payload = RequestCompleted(
+                request_id=request_id,
+                result={"sequences": [sequence], "prompt_logprobs": None, "topk_prompt_logprobs": None},
+            )
         type_ = SAMPLE["failed" if failed else "completed"]
-        event = new_event(type_, payload, tenant="alice", source="/test-sampler", key=key or self.sampling_session_id, subject=request_id)
+        event = new_event(
+            type_,
+            payload,
+            tenant="alice",
+            source="/test-sampler",
+            key=key or self.sampling_session_id,
+            subject=request_id,
+        )
         self.runtime.publisher.publish(topics.topic("alice", "completions"), event)
 
 
@@ -70,7 +82,9 @@ def start(tmp_path, **settings) -> tuple[Rig, callable]:
     headers = {"X-API-Key": ALICE}
     session_id = client.post("/api/v1/create_session", json={}, headers=headers).json()["session_id"]
     created = client.post(
-        "/api/v1/create_sampling_session", json={"session_id": session_id, "sampling_session_seq_id": 0, "base_model": MODEL}, headers=headers
+        "/api/v1/create_sampling_session",
+        json={"session_id": session_id, "sampling_session_seq_id": 0, "base_model": MODEL},
+        headers=headers,
     )
     rig = Rig(client, runtime, session_id, created.json()["sampling_session_id"])
 

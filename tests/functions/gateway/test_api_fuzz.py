@@ -89,12 +89,16 @@ def _seed(server) -> dict[str, list]:
     training = service.create_lora_training_client(base_model=MODEL, rank=4, seed=1).result()
     tokens = list(range(5, 21))
     datum = types.Datum(
-        model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * 15}
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * 15},
     )
     training.forward_backward([datum], "cross_entropy").result()
     training.optim_step(types.AdamParams(learning_rate=1e-3)).result()
     weights = training.save_state("w").result().path
-    doomed = [training.save_state("d").result().path, training.save_weights_for_sampler("ds").result().path]  # OpenRL's DELETE
+    doomed = [
+        training.save_state("d").result().path,
+        training.save_weights_for_sampler("ds").result().path,
+    ]  # OpenRL's DELETE
     doomed_here = training.save_state("d2").result().path  # the Tinker REST DELETE's
     sampler_weights = training.save_weights_for_sampler("s").result().path
     export = training.save_weights_external("e").result().path
@@ -173,7 +177,9 @@ def fuzz_config(seeded: dict[str, list], path: Path) -> Path:
         lines += [f"[dictionaries.{name}]", f"values = {json.dumps(values)}", ""]
     by_operation = collections.defaultdict(list)
     for operation, parameter, dictionary in BINDINGS:
-        by_operation[operation].append(f'"{parameter}" = {{ dictionary = "{dictionary}", probability = {ID_PROBABILITY} }}')
+        by_operation[operation].append(
+            f'"{parameter}" = {{ dictionary = "{dictionary}", probability = {ID_PROBABILITY} }}'
+        )
     for operation, values in FIXED.items():
         by_operation[operation] += [f'"{parameter}" = {json.dumps(value)}' for parameter, value in values.items()]
     for operation, (parameter, dictionary) in FIXED_PATHS.items():
@@ -206,7 +212,9 @@ def stored(server) -> int:
 def digest(output: str) -> str:
     """Each failure's operation, check, status and answer: what a failed run needs to show."""
     keep = ("___", "- ST", "[4", "[5", "    `{", "    Received", "    Documented", "    curl", "Test cases", "  ❌")
-    return "\n".join(line[:4000] for line in output.splitlines() if line.lstrip().startswith(keep) or line.startswith(keep))
+    return "\n".join(
+        line[:4000] for line in output.splitlines() if line.lstrip().startswith(keep) or line.startswith(keep)
+    )
 
 
 # What ends or removes a seeded object (a run, a session, a checkpoint, by a TTL): fuzzed in a
@@ -217,7 +225,9 @@ ENDING = ("POST /api/openrl/v1/runs/{run_id}/cancel", "POST /api/v1/sessions/{se
           "PUT /api/v1/training_runs/{run_id}/checkpoints/{rest}")  # fmt: skip
 
 
-def schemathesis_run(server, seeded, config: Path, statuses: Path, report: Path, operations: list[str]) -> tuple[subprocess.CompletedProcess, dict]:
+def schemathesis_run(
+    server, seeded, config: Path, statuses: Path, report: Path, operations: list[str]
+) -> tuple[subprocess.CompletedProcess, dict]:
     phases = "examples,coverage,fuzzing,stateful" if LONG else "examples,coverage,fuzzing"
     command = [
         sys.executable, "-m", "schemathesis.cli", "--config-file", str(config), "run", f"{server.url}/openapi.json",
@@ -229,7 +239,9 @@ def schemathesis_run(server, seeded, config: Path, statuses: Path, report: Path,
     ]  # fmt: skip
     env = dict(os.environ, SCHEMATHESIS_HOOKS=HOOKS, OPENRL_FUZZ_DB=str(server.data_dir / "events.db"), OPENRL_FUZZ_STATUSES=str(statuses),
                OPENRL_FUZZ_MODEL=seeded["runs"][0])  # fmt: skip
-    run = subprocess.run(command, env=env, cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, timeout=1800)
+    run = subprocess.run(
+        command, env=env, cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, timeout=1800
+    )
     return run, (json.loads(report.read_text()) if report.exists() else {})
 
 
@@ -271,14 +283,19 @@ def model(server):
 
 
 def sdk_request(model_id: str, seq_id: int) -> bytes:
-    datum = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3]), loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0, 1.0, 1.0]})
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints([1, 2, 3]),
+        loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0, 1.0, 1.0]},
+    )
     fb_input = types.ForwardBackwardInput(data=[datum], loss_fn="cross_entropy")
     request = types.ForwardBackwardRequest(forward_backward_input=fb_input, model_id=model_id, seq_id=seq_id)
     return request_conv.forward_backward_request_to_proto(request).SerializeToString()
 
 
 def post(api, body: bytes, **headers) -> httpx.Response:
-    return api.post("/api/v1/forward_backward", content=body, headers={"Content-Type": "application/x-protobuf", **headers})
+    return api.post(
+        "/api/v1/forward_backward", content=body, headers={"Content-Type": "application/x-protobuf", **headers}
+    )
 
 
 def assert_refused(response: httpx.Response, statuses=(400, 404, 409, 413)) -> None:
@@ -318,8 +335,14 @@ def test_zstd_bombs_and_bodies_over_the_limit_get_a_413_naming_it(server, model)
     for response in (
         post(api, bomb, **{"Content-Encoding": "zstd"}),
         post(api, real + b"\0" * LIMIT),  # declared Content-Length over the limit
-        api.post("/api/v1/forward_backward", content=iter([real, b"\0" * LIMIT]), headers={"Content-Type": "application/x-protobuf"}),
-        api.post("/api/v1/create_session", content=b"{" + b" " * LIMIT + b"}", headers={"Content-Type": "application/json"}),
+        api.post(
+            "/api/v1/forward_backward",
+            content=iter([real, b"\0" * LIMIT]),
+            headers={"Content-Type": "application/x-protobuf"},
+        ),
+        api.post(
+            "/api/v1/create_session", content=b"{" + b" " * LIMIT + b"}", headers={"Content-Type": "application/json"}
+        ),
         api.post("/v1/completions", content=b" " * (LIMIT + 1), headers={"Authorization": f"Bearer {KEY}"}),
     ):
         assert response.status_code == 413, response.text

@@ -48,7 +48,10 @@ def fb_body(model_id, seq_id=1, tokens=(1, 2, 3), targets=(2, 3, 4), weights=(1.
     message = pb.ForwardBackwardRequest(model_id=model_id, seq_id=seq_id, loss_fn=loss_fn)
     datum = message.data.add()
     datum.model_input.add().encoded_text.tokens = np.asarray(tokens, dtype="<i4").tobytes()
-    for name, values, dtype, wire in (("target_tokens", targets, "<i8", "DTYPE_INT64"), ("weights", weights, "<f4", "DTYPE_FLOAT32")):
+    for name, values, dtype, wire in (
+        ("target_tokens", targets, "<i8", "DTYPE_INT64"),
+        ("weights", weights, "<f4", "DTYPE_FLOAT32"),
+    ):
         if values is None:
             continue
         tensor = datum.loss_fn_inputs[name]
@@ -64,7 +67,11 @@ PROTO = {"Content-Type": "application/x-protobuf"}
 def snapshot(runtime):
     """Every projection row, to prove a refused request changed none of them."""
     with runtime.engine.connect() as conn:
-        return {name: conn.execute(select(table)).all() for name, table in tables.metadata.tables.items() if name not in ("events", "submissions")}
+        return {
+            name: conn.execute(select(table)).all()
+            for name, table in tables.metadata.tables.items()
+            if name not in ("events", "submissions")
+        }
 
 
 def count_events(runtime, type_fragment):
@@ -110,19 +117,27 @@ def test_malformed_protobuf(api, body):
     client, runtime = api
     session_and_model(client)
     before = snapshot(runtime)
-    assert_clear_4xx(call(client, "/api/v1/forward_backward", body, headers=PROTO), 400, "not a valid ForwardBackwardRequest")
+    assert_clear_4xx(
+        call(client, "/api/v1/forward_backward", body, headers=PROTO), 400, "not a valid ForwardBackwardRequest"
+    )
     assert snapshot(runtime) == before
 
 
 def test_unknown_model_and_tenancy(api):
     client, runtime = api
     _sid, model_id = session_and_model(client)
-    assert_clear_4xx(call(client, "/api/v1/forward_backward", fb_body("nope:train:0"), headers=PROTO), 404, "unknown model_id")
+    assert_clear_4xx(
+        call(client, "/api/v1/forward_backward", fb_body("nope:train:0"), headers=PROTO), 404, "unknown model_id"
+    )
     # bob sees alice's model exactly as if it did not exist
     before = snapshot(runtime)
-    assert_clear_4xx(call(client, "/api/v1/forward_backward", fb_body(model_id), key=BOB, headers=PROTO), 404, "unknown model_id")
+    assert_clear_4xx(
+        call(client, "/api/v1/forward_backward", fb_body(model_id), key=BOB, headers=PROTO), 404, "unknown model_id"
+    )
     assert_clear_4xx(call(client, "/api/v1/get_info", {"model_id": model_id}, key=BOB), 404, "unknown model_id")
-    assert_clear_4xx(call(client, "/api/v1/optim_step", {"model_id": model_id, "seq_id": 1}, key=BOB), 404, "unknown model_id")
+    assert_clear_4xx(
+        call(client, "/api/v1/optim_step", {"model_id": model_id, "seq_id": 1}, key=BOB), 404, "unknown model_id"
+    )
     assert snapshot(runtime) == before
     future = call(client, "/api/v1/forward_backward", fb_body(model_id), headers=PROTO).json()
     lookup = call(client, "/api/v1/retrieve_future", {"request_id": future["request_id"]}, key=BOB)
@@ -140,19 +155,69 @@ def test_authentication(api):
 @pytest.mark.parametrize(
     "path,body,status,fragment",
     [
-        ("/api/v1/create_model", {"session_id": "SID", "model_seq_id": 1, "base_model": "gpt-17"}, 400, "unknown base_model"),
-        ("/api/v1/create_model", {"session_id": "SID", "model_seq_id": 1, "base_model": MODEL}, 400, "lora_config is required"),
-        ("/api/v1/create_model", {"session_id": "SID", "model_seq_id": 1, "base_model": MODEL, "lora_config": {"rank": 0}}, 400, "rank"),
-        ("/api/v1/create_model", {"session_id": "nope", "model_seq_id": 1, "base_model": MODEL, "lora_config": {"rank": 4}}, 404, "unknown session_id"),
+        (
+            "/api/v1/create_model",
+            {"session_id": "SID", "model_seq_id": 1, "base_model": "gpt-17"},
+            400,
+            "unknown base_model",
+        ),
+        (
+            "/api/v1/create_model",
+            {"session_id": "SID", "model_seq_id": 1, "base_model": MODEL},
+            400,
+            "lora_config is required",
+        ),
+        (
+            "/api/v1/create_model",
+            {"session_id": "SID", "model_seq_id": 1, "base_model": MODEL, "lora_config": {"rank": 0}},
+            400,
+            "rank",
+        ),
+        (
+            "/api/v1/create_model",
+            {"session_id": "nope", "model_seq_id": 1, "base_model": MODEL, "lora_config": {"rank": 4}},
+            404,
+            "unknown session_id",
+        ),
         ("/api/v1/create_model", {"model_seq_id": 1}, 400, "session_id"),
-        ("/api/v1/optim_step", {"model_id": "MID", "seq_id": 1, "adam_params": {"learning_rate": -1}}, 400, "learning_rate"),
+        (
+            "/api/v1/optim_step",
+            {"model_id": "MID", "seq_id": 1, "adam_params": {"learning_rate": -1}},
+            400,
+            "learning_rate",
+        ),
         ("/api/v1/optim_step", {"model_id": "MID", "seq_id": 1, "adam_params": {"beta1": 1.5}}, 400, "beta1"),
         ("/api/v1/save_weights", {"model_id": "MID", "seq_id": 1, "path": "../escape"}, 400, "checkpoint name"),
-        ("/api/v1/load_weights", {"model_id": "MID", "seq_id": 1, "path": "tinker://x/weights/../../etc"}, 400, "checkpoint path"),
-        ("/api/v1/load_weights", {"session_id": "SID", "model_seq_id": 3, "path": "tinker://SID:train:0/weights/none"}, 404, "not found"),
-        ("/api/v1/create_sampling_session", {"session_id": "SID", "sampling_session_seq_id": 0}, 400, "base_model or a model_path"),
-        ("/api/v1/create_sampling_session", {"session_id": "SID", "sampling_session_seq_id": 0, "base_model": "gpt-17"}, 400, "unknown base_model"),
-        ("/api/v1/asample", {"sampling_session_id": "nope", "prompt": {"chunks": []}, "sampling_params": {}}, 404, "unknown sampling_session_id"),
+        (
+            "/api/v1/load_weights",
+            {"model_id": "MID", "seq_id": 1, "path": "tinker://x/weights/../../etc"},
+            400,
+            "checkpoint path",
+        ),
+        (
+            "/api/v1/load_weights",
+            {"session_id": "SID", "model_seq_id": 3, "path": "tinker://SID:train:0/weights/none"},
+            404,
+            "not found",
+        ),
+        (
+            "/api/v1/create_sampling_session",
+            {"session_id": "SID", "sampling_session_seq_id": 0},
+            400,
+            "base_model or a model_path",
+        ),
+        (
+            "/api/v1/create_sampling_session",
+            {"session_id": "SID", "sampling_session_seq_id": 0, "base_model": "gpt-17"},
+            400,
+            "unknown base_model",
+        ),
+        (
+            "/api/v1/asample",
+            {"sampling_session_id": "nope", "prompt": {"chunks": []}, "sampling_params": {}},
+            404,
+            "unknown sampling_session_id",
+        ),
         ("/api/v1/retrieve_future", {"request_id": "req-nope"}, 404, "unknown request_id"),
         ("/api/v1/session_heartbeat", {"session_id": "nope"}, 404, "unknown session_id"),
     ],
@@ -170,7 +235,11 @@ def test_route_cases(api, path, body, status, fragment):
 def test_sample_input_checks(api):
     client, runtime = api
     session_id, _ = session_and_model(client)
-    sampler = call(client, "/api/v1/create_sampling_session", {"session_id": session_id, "sampling_session_seq_id": 0, "base_model": MODEL}).json()
+    sampler = call(
+        client,
+        "/api/v1/create_sampling_session",
+        {"session_id": session_id, "sampling_session_seq_id": 0, "base_model": MODEL},
+    ).json()
     base = {"sampling_session_id": sampler["sampling_session_id"], "seq_id": 1, "num_samples": 1,
             "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]}, "sampling_params": {"max_tokens": 4}}  # fmt: skip
     cases = [
@@ -201,22 +270,53 @@ def test_numbers_past_int64_are_a_400_not_a_500(api):
              "loss_fn_inputs": {"target_tokens": {"data": [2, 3, 4], "dtype": "int64"}, "weights": {"data": [1.0, 1.0, 1.0], "dtype": "float32"}}}  # fmt: skip
     bad_data = [
         {**datum, "model_input": {"chunks": [{"type": "encoded_text", "tokens": [1, huge, 3]}]}},
-        {**datum, "loss_fn_inputs": {**datum["loss_fn_inputs"], "target_tokens": {"data": [2, huge, 4], "dtype": "int64"}}},
-        {**datum, "loss_fn_inputs": {**datum["loss_fn_inputs"], "target_tokens": {"data": [2.0, 9.3e18, 4.0], "dtype": "int64"}}},
-        {**datum, "loss_fn_inputs": {**datum["loss_fn_inputs"], "weights": {"data": [1.0, 1e39, 1.0], "dtype": "float32"}}},
-        {**datum, "loss_fn_inputs": {**datum["loss_fn_inputs"], "weights": {"data": [1.0], "dtype": "float32", "shape": [1, huge],
-                                                                          "sparse_crow_indices": [0, 1], "sparse_col_indices": [huge]}}},  # fmt: skip
+        {
+            **datum,
+            "loss_fn_inputs": {**datum["loss_fn_inputs"], "target_tokens": {"data": [2, huge, 4], "dtype": "int64"}},
+        },
+        {
+            **datum,
+            "loss_fn_inputs": {
+                **datum["loss_fn_inputs"],
+                "target_tokens": {"data": [2.0, 9.3e18, 4.0], "dtype": "int64"},
+            },
+        },
+        {
+            **datum,
+            "loss_fn_inputs": {**datum["loss_fn_inputs"], "weights": {"data": [1.0, 1e39, 1.0], "dtype": "float32"}},
+        },
+        {
+            **datum,
+            "loss_fn_inputs": {
+                **datum["loss_fn_inputs"],
+                "weights": {
+                    "data": [1.0],
+                    "dtype": "float32",
+                    "shape": [1, huge],
+                    "sparse_crow_indices": [0, 1],
+                    "sparse_col_indices": [huge],
+                },
+            },
+        },  # fmt: skip
     ]
     for seq_id, data in enumerate(bad_data, start=1):
-        body = {"model_id": model_id, "seq_id": seq_id, "forward_backward_input": {"data": [data], "loss_fn": "cross_entropy"}}
+        body = {
+            "model_id": model_id,
+            "seq_id": seq_id,
+            "forward_backward_input": {"data": [data], "loss_fn": "cross_entropy"},
+        }
         assert_clear_4xx(call(client, "/api/v1/forward_backward", body), 400, "outside")
     before = snapshot(runtime)
     target = {"sampling_session_id": f"{session_id}:sample:0"}
-    assert_clear_4xx(call(client, "/api/v1/retrieve_futures", {"target": target, "prev_cursor": huge}), 400, "prev_cursor")
+    assert_clear_4xx(
+        call(client, "/api/v1/retrieve_futures", {"target": target, "prev_cursor": huge}), 400, "prev_cursor"
+    )
     runs = "/api/openrl/v1/runs/" + model_id
     headers = {"X-API-Key": ALICE}
     assert_clear_4xx(client.get(f"{runs}/events?after={huge}", headers=headers), 400, "after must be between")
-    assert_clear_4xx(client.get(f"{runs}/events", headers={**headers, "Last-Event-ID": str(huge)}), 400, "Last-Event-ID")
+    assert_clear_4xx(
+        client.get(f"{runs}/events", headers={**headers, "Last-Event-ID": str(huge)}), 400, "Last-Event-ID"
+    )
     assert_clear_4xx(client.get(f"{runs}/metrics?after_step={huge}", headers=headers), 400, "after_step")
     assert snapshot(runtime) == before
 
@@ -226,7 +326,9 @@ def test_a_cancel_reason_that_is_not_a_string_is_refused(api):
     _, model_id = session_and_model(client)
     before = snapshot(runtime)
     for reason in (0, False, [], 7):  # a falsy one was once taken as no reason (found by the fuzz run)
-        answer = client.post(f"/api/openrl/v1/runs/{model_id}/cancel", json={"reason": reason}, headers={"X-API-Key": ALICE})
+        answer = client.post(
+            f"/api/openrl/v1/runs/{model_id}/cancel", json={"reason": reason}, headers={"X-API-Key": ALICE}
+        )
         assert_clear_4xx(answer, 400, "reason must be a string")
     assert snapshot(runtime) == before
 
@@ -253,4 +355,9 @@ def test_nan_or_infinity_in_free_form_json_is_a_400(api, token):
     assert snapshot(runtime) == before
     # Finite numbers, big integers and nulls are JSON and go through.
     fine = '{"tags": [], "user_metadata": {"a": 1.5e300, "b": 123456789012345678901234567890, "c": null}}'
-    assert client.post("/api/v1/create_session", content=fine, headers={"X-API-Key": ALICE, "Content-Type": "application/json"}).status_code == 200
+    assert (
+        client.post(
+            "/api/v1/create_session", content=fine, headers={"X-API-Key": ALICE, "Content-Type": "application/json"}
+        ).status_code
+        == 200
+    )

@@ -62,7 +62,9 @@ def test_a_sample_cancelled_before_it_started_never_runs(rig):
     assert settled(rig, kept).headers["content-type"] == "application/x-protobuf"
     assert count(rig, SAMPLE_CANCELLED) == 1
     # the feed reports it as failed, and a late cancel changes nothing
-    feed = rig.post("/api/v1/retrieve_futures", {"target": {"sampling_session_id": rig.sampling_session_id}, "timeout": 0}).json()
+    feed = rig.post(
+        "/api/v1/retrieve_futures", {"target": {"sampling_session_id": rig.sampling_session_id}, "timeout": 0}
+    ).json()
     assert {c["request_id"]: c["state"] for c in feed["completions"]} == {doomed: "failed", kept: "finished"}
     assert cancel(rig, doomed).json()["status"] == "already_finished"
     assert count(rig, SAMPLE_CANCEL_REQUESTED) == 1
@@ -100,7 +102,10 @@ def test_a_finished_sample_is_unaffected(rig):
 
 def test_training_futures_are_not_cancellable_and_tenancy_holds(rig):
     rig, _worker = rig
-    model = rig.post("/api/v1/create_model", {"session_id": rig.session_id, "model_seq_id": 0, "base_model": MODEL, "lora_config": {"rank": 4}}).json()
+    model = rig.post(
+        "/api/v1/create_model",
+        {"session_id": rig.session_id, "model_seq_id": 0, "base_model": MODEL, "lora_config": {"rank": 4}},
+    ).json()
     answer = rig.post("/api/v1/optim_step", {"model_id": model["model_id"], "seq_id": 1})
     assert answer.status_code == 200, answer.text
     step = answer.json()["request_id"]

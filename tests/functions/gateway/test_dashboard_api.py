@@ -24,8 +24,8 @@ from functions.timeslicer.daemon import Daemon
 from functions.timeslicer.service import SlicerService
 from functions.timeslicer.setup import socket_path
 from openrl_core.events import new_event
-from openrl_core.events.lifecycle import RequestCompleted
 from openrl_core.events import training as te
+from openrl_core.events.lifecycle import RequestCompleted
 from openrl_core.events.sampling import SAMPLE
 from tests.functions.gateway.rest_rig import BOB, assert_clear_4xx, rest  # noqa: F401  (fixture)
 
@@ -62,12 +62,18 @@ def test_a_runs_stream_sends_its_history_resumes_and_follows(rest, short_streams
 
     events = sse(rest.request("GET", f"{API}/runs/{run}/events").text)
     names = [e["name"] for e in events]
-    assert names == ["training.create_model.requested", *["training.save_weights.requested", "training.save_weights.completed"] * 2]
+    assert names == [
+        "training.create_model.requested",
+        *["training.save_weights.requested", "training.save_weights.completed"] * 2,
+    ]
     assert all(e["key"] == run and e["schema"] == "openrl.event.v1" for e in events)
     positions = [e["position"] for e in events]
     assert positions == sorted(positions) and [e["sse_id"] for e in events] == positions
     completed = events[2]["fields"]
-    assert completed["result"] == "{path}" and completed["checkpoint"] == "{run_id, kind, name, files, expires_at, user_metadata}"
+    assert (
+        completed["result"] == "{path}"
+        and completed["checkpoint"] == "{run_id, kind, name, files, expires_at, user_metadata}"
+    )
 
     tail = sse(rest.request("GET", f"{API}/runs/{run}/events?history=2").text)
     assert [e["position"] for e in tail] == positions[-2:]
@@ -113,7 +119,11 @@ def test_a_completion_wakes_an_open_stream_long_before_its_poll(rest, monkeypatc
             before = time.monotonic()
             rest.save(run, "woken")  # stored as the projector stores a completion...
             with rest.runtime.engine.connect() as conn:
-                done = conn.execute(select(tables.futures.c.request_id).where(tables.futures.c.model_id == run, tables.futures.c.kind == "save_weights")).scalar()
+                done = conn.execute(
+                    select(tables.futures.c.request_id).where(
+                        tables.futures.c.model_id == run, tables.futures.c.kind == "save_weights"
+                    )
+                ).scalar()
             rest.runtime.notifier.notify([done])  # ...and then announced, as it announces one
             names = []
             for line in lines:
@@ -135,7 +145,9 @@ def test_a_completion_wakes_an_open_stream_long_before_its_poll(rest, monkeypatc
 def test_a_stream_refuses_bad_positions_clearly(rest, short_streams):
     run = rest.model(rest.session())
     assert_clear_4xx(rest.request("GET", f"{API}/runs/{run}/events?after=-1"), 400, "after must be between 0 and")
-    assert_clear_4xx(rest.request("GET", f"{API}/runs/{run}/events?history=5000"), 400, "history must be between 0 and 1000")
+    assert_clear_4xx(
+        rest.request("GET", f"{API}/runs/{run}/events?history=5000"), 400, "history must be between 0 and 1000"
+    )
     bad_id = rest.request("GET", f"{API}/runs/{run}/events", headers={"Last-Event-ID": "12abc"})
     assert_clear_4xx(bad_id, 400, "Last-Event-ID must be an event position")
     assert_clear_4xx(rest.request("GET", f"{API}/runs/{run}/events", key=None), 401, "missing X-API-Key")
@@ -145,14 +157,37 @@ def test_sampling_throughput_is_tokens_over_the_requests_seconds(rest):
     session = rest.session()
     run = rest.model(session)
     weights = rest.save(run, "s1", kind="sampler_weights")
-    sampler = rest.ok("POST", "/api/v1/create_sampling_session", {"session_id": session, "sampling_session_seq_id": 0, "model_path": weights.tinker_path})
-    body = {"num_samples": 2, "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]}, "sampling_params": {"max_tokens": 4}}
-    request_id = rest.ok("POST", "/api/v1/asample", {"sampling_session_id": sampler["sampling_session_id"], **body})["request_id"]
+    sampler = rest.ok(
+        "POST",
+        "/api/v1/create_sampling_session",
+        {"session_id": session, "sampling_session_seq_id": 0, "model_path": weights.tinker_path},
+    )
+    body = {
+        "num_samples": 2,
+        "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]},
+        "sampling_params": {"max_tokens": 4},
+    }
+    request_id = rest.ok("POST", "/api/v1/asample", {"sampling_session_id": sampler["sampling_session_id"], **body})[
+        "request_id"
+    ]
     assert rest.ok("GET", f"{API}/runs/{run}/sampling")["samples"] == []  # not finished yet
     with rest.runtime.engine.connect() as conn:
-        created = conn.execute(select(tables.futures.c.created_at).where(tables.futures.c.request_id == request_id)).scalar()
-    result = {"sequences": [{"tokens": [5, 6, 7, 8], "logprobs": [0.0] * 4, "stop_reason": "length"}, {"tokens": [9, 10], "logprobs": [0.0] * 2, "stop_reason": "stop"}]}
-    done = new_event(SAMPLE["completed"], RequestCompleted(request_id=request_id, result=result), tenant="alice", source="/test", key=sampler["sampling_session_id"])
+        created = conn.execute(
+            select(tables.futures.c.created_at).where(tables.futures.c.request_id == request_id)
+        ).scalar()
+    result = {
+        "sequences": [
+            {"tokens": [5, 6, 7, 8], "logprobs": [0.0] * 4, "stop_reason": "length"},
+            {"tokens": [9, 10], "logprobs": [0.0] * 2, "stop_reason": "stop"},
+        ]
+    }
+    done = new_event(
+        SAMPLE["completed"],
+        RequestCompleted(request_id=request_id, result=result),
+        tenant="alice",
+        source="/test",
+        key=sampler["sampling_session_id"],
+    )
     rest.runtime.store.append(done.model_copy(update={"time": created + timedelta(seconds=2)}))
 
     answer = rest.ok("GET", f"{API}/runs/{run}/sampling")
@@ -168,22 +203,47 @@ def test_sampling_throughput_per_step_is_each_windows_tokens_over_its_busy_secon
     session = rest.session()
     run = rest.model(session)
     weights = rest.save(run, "s1", kind="sampler_weights")
-    sampler = rest.ok("POST", "/api/v1/create_sampling_session", {"session_id": session, "sampling_session_seq_id": 0, "model_path": weights.tinker_path})["sampling_session_id"]
-    body = {"sampling_session_id": sampler, "num_samples": 1, "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}]}, "sampling_params": {"max_tokens": 8}}
+    sampler = rest.ok(
+        "POST",
+        "/api/v1/create_sampling_session",
+        {"session_id": session, "sampling_session_seq_id": 0, "model_path": weights.tinker_path},
+    )["sampling_session_id"]
+    body = {
+        "sampling_session_id": sampler,
+        "num_samples": 1,
+        "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}]},
+        "sampling_params": {"max_tokens": 8},
+    }
     requests = [rest.ok("POST", "/api/v1/asample", body)["request_id"] for _ in range(5)]
     with rest.runtime.engine.connect() as conn:
-        rows = conn.execute(select(tables.futures.c.request_id, tables.futures.c.created_at).where(tables.futures.c.request_id.in_(requests))).all()
+        rows = conn.execute(
+            select(tables.futures.c.request_id, tables.futures.c.created_at).where(
+                tables.futures.c.request_id.in_(requests)
+            )
+        ).all()
     taken = {row.request_id: row.created_at for row in rows}
     base = min(taken.values())
 
     def complete_sample(request_id: str, after: float, tokens: int) -> None:
         result = {"sequences": [{"tokens": list(range(tokens)), "logprobs": [0.0] * tokens, "stop_reason": "length"}]}
-        done = new_event(SAMPLE["completed"], RequestCompleted(request_id=request_id, result=result), tenant="alice", source="/test", key=sampler)
+        done = new_event(
+            SAMPLE["completed"],
+            RequestCompleted(request_id=request_id, result=result),
+            tenant="alice",
+            source="/test",
+            key=sampler,
+        )
         rest.runtime.store.append(done.model_copy(update={"time": base + timedelta(seconds=after)}))
 
     def complete_step(after: float) -> None:
-        future = rest.ok("POST", "/api/v1/optim_step", {"model_id": run, "seq_id": rest.next_seq(run), "adam_params": {"learning_rate": 1e-3}})
-        done = RequestCompleted(request_id=future["request_id"], result={"metrics": {"optim/lr": 1e-3, "optim/grad_norm": 1.0}})
+        future = rest.ok(
+            "POST",
+            "/api/v1/optim_step",
+            {"model_id": run, "seq_id": rest.next_seq(run), "adam_params": {"learning_rate": 1e-3}},
+        )
+        done = RequestCompleted(
+            request_id=future["request_id"], result={"metrics": {"optim/lr": 1e-3, "optim/grad_norm": 1.0}}
+        )
         event = new_event(te.OPTIM_STEP["completed"], done, tenant="alice", source="/test-trainer", key=run)
         rest.runtime.store.append(event.model_copy(update={"time": base + timedelta(seconds=after)}))
 
@@ -204,7 +264,11 @@ def test_sampling_throughput_per_step_is_each_windows_tokens_over_its_busy_secon
     busy1, busy2 = spans((a, 3), (b, 1)), spans((c, 9), (d, 7))
     assert [(s["step"], s["requests"], s["tokens"]) for s in answer["steps"]] == [(1, 2, 8), (2, 2, 14), (3, 0, 0)]
     assert [s["seconds"] for s in answer["steps"]] == [pytest.approx(busy1), pytest.approx(busy2), 0.0]
-    assert [s["tokens_per_second"] for s in answer["steps"]] == [pytest.approx(8 / busy1, abs=1e-3), pytest.approx(14 / busy2, abs=1e-3), None]
+    assert [s["tokens_per_second"] for s in answer["steps"]] == [
+        pytest.approx(8 / busy1, abs=1e-3),
+        pytest.approx(14 / busy2, abs=1e-3),
+        None,
+    ]
     assert [s["request_id"] for s in answer["samples"]] == [b, a, d, c, e]  # per request, by completion
     # Only the latest 3 requests read: steps whose window may hold older ones are left out.
     monkeypatch.setattr(openrl_live, "MAX_STEP_SAMPLES", 3)
@@ -215,14 +279,22 @@ def test_the_timeline_shows_a_tenant_its_own_turns_and_others_only_as_other(rest
     alice_run = rest.model(rest.session())
     bob_run = rest.model(rest.session(key=BOB), key=BOB)
     unavailable = rest.ok("GET", f"{API}/timeline")
-    assert unavailable == {"schema": "openrl.timeline.v1", "available": False, "reason": "no timeslicer on this gateway's node"}
+    assert unavailable == {
+        "schema": "openrl.timeline.v1",
+        "available": False,
+        "reason": "no timeslicer on this gateway's node",
+    }
     assert_clear_4xx(rest.request("GET", f"{API}/timeline?since=-1"), 400, "since must be unix seconds")
 
     daemon = Daemon(SlicerService({"cpu:0": None}), socket_path(rest.runtime.settings))
     daemon.start_in_thread()
     client = TimeslicerClient(unix_transport(str(daemon.socket_path)), "trainer-x")
     try:
-        jobs = {"alice": f"trainer-x/model/{alice_run}", "bob": f"trainer-x/model/{bob_run}", "base": "trainer-x/base/tiny"}
+        jobs = {
+            "alice": f"trainer-x/model/{alice_run}",
+            "bob": f"trainer-x/model/{bob_run}",
+            "base": "trainer-x/base/tiny",
+        }
         for job in jobs.values():
             client.register(job, 1000, "cpu:0", parkable=True, resident=False)
             with client.turn(job):
@@ -238,12 +310,18 @@ def test_the_timeline_shows_a_tenant_its_own_turns_and_others_only_as_other(rest
 
     assert mine["available"] and list(mine["devices"]) == ["cpu:0"]
     leases = [e for e in mine["devices"]["cpu:0"] if e["kind"] == "lease"]
-    assert [(e["holder"], e.get("run_id")) for e in leases] == [("trainer", alice_run), ("other", None), ("shared", None)]
+    assert [(e["holder"], e.get("run_id")) for e in leases] == [
+        ("trainer", alice_run),
+        ("other", None),
+        ("shared", None),
+    ]
     assert all(e["end"] >= e["start"] >= since for e in leases)
     text = json.dumps(mine)
     assert bob_run not in text and "lease_id" not in text and "trainer-x" not in text
     bob_leases = [(e["holder"], e.get("run_id")) for e in theirs["devices"]["cpu:0"] if e["kind"] == "lease"]
-    assert bob_leases == [("other", None), ("trainer", bob_run), ("shared", None)] and alice_run not in json.dumps(theirs)
+    assert bob_leases == [("other", None), ("trainer", bob_run), ("shared", None)] and alice_run not in json.dumps(
+        theirs
+    )
     operator = [(e["job"], e["tenant"]) for e in everyone["devices"]["cpu:0"] if e["kind"] == "lease"]
     assert operator == [(jobs["alice"], "alice"), (jobs["bob"], "bob"), (jobs["base"], None)]
 

@@ -21,20 +21,25 @@ from sqlalchemy import func, select
 from eventing import topics
 from eventing.projector import Projector
 from eventing.store import tables
-from functions.gateway.app import create_app
 from functions.gateway import fast_lane
+from functions.gateway.app import create_app
 from functions.gateway.fast_lane import lane_routes
 from functions.runtime import Runtime
 from openrl_core.events import new_event
 from openrl_core.events import training as te
 from openrl_core.events.lifecycle import RequestCompleted, RequestFailed
 from openrl_core.settings import Settings
-
 from tests.functions.gateway.test_bad_input import fb_body
 
 ALICE, BOB = "tml-lane-alice", "tml-lane-bob"
 MODEL = "openrl/tiny-qwen3"
-HOT = {"/api/v1/forward_backward", "/api/v1/forward", "/api/v1/optim_step", "/api/v1/asample", "/api/v1/retrieve_future"}
+HOT = {
+    "/api/v1/forward_backward",
+    "/api/v1/forward",
+    "/api/v1/optim_step",
+    "/api/v1/asample",
+    "/api/v1/retrieve_future",
+}
 VARYING = {"date", "server"}  # set by the HTTP server per response, not by either path
 
 
@@ -73,7 +78,10 @@ def post(client, path, body, key=ALICE, headers=None):
 
 def same(lane_answer, framework_answer):
     assert lane_answer.status_code == framework_answer.status_code, (lane_answer.text, framework_answer.text)
-    headers = [sorted((k, v) for k, v in answer.headers.multi_items() if k not in VARYING) for answer in (lane_answer, framework_answer)]
+    headers = [
+        sorted((k, v) for k, v in answer.headers.multi_items() if k not in VARYING)
+        for answer in (lane_answer, framework_answer)
+    ]
     assert headers[0] == headers[1]
     assert lane_answer.content == framework_answer.content
 
@@ -163,7 +171,11 @@ def test_submissions_and_their_duplicates_answer_alike(rig):
     same(*refused)
     assert count(runtime, "lookup.refused") == 2
     with runtime.engine.connect() as conn:
-        records = conn.execute(select(tables.events.c.data).where(tables.events.c.type.contains("lookup.refused"))).scalars().all()
+        records = (
+            conn.execute(select(tables.events.c.data).where(tables.events.c.type.contains("lookup.refused")))
+            .scalars()
+            .all()
+        )
     assert records[0] == records[1] and "/api/v1/optim_step" in str(records[0])
 
 
@@ -191,12 +203,16 @@ def test_finished_futures_answer_alike(rig):
     failure: each the same bytes through both paths."""
     lane, framework, runtime, _ = rig
     model_id = model_of(lane)
-    done, failed = (post(lane, "/api/v1/optim_step", {"model_id": model_id, "seq_id": seq}).json()["request_id"] for seq in (1, 2))
+    done, failed = (
+        post(lane, "/api/v1/optim_step", {"model_id": model_id, "seq_id": seq}).json()["request_id"] for seq in (1, 2)
+    )
     big = {"metrics": {f"m{i}": float(i) for i in range(400)}}  # over the metadata-only threshold
     for request_id, payload in ((done, RequestCompleted(request_id=done, result=big)),
                                 (failed, RequestFailed(request_id=failed, error="out of memory", category="server"))):  # fmt: skip
         phase = "completed" if isinstance(payload, RequestCompleted) else "failed"
-        event = new_event(te.OPTIM_STEP[phase], payload, tenant="alice", source="/test-worker", key=model_id, subject=request_id)
+        event = new_event(
+            te.OPTIM_STEP[phase], payload, tenant="alice", source="/test-worker", key=model_id, subject=request_id
+        )
         runtime.publisher.publish(topics.topic("alice", "completions"), event)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and not all(
@@ -207,7 +223,9 @@ def test_finished_futures_answer_alike(rig):
         ({"request_id": done}, {"request_id": done, "allow_metadata_only": True}, {"request_id": failed}),
         ("application/json", "application/x-protobuf, application/json"),
     ):
-        answers = [post(client, "/api/v1/retrieve_future", poll, headers={"Accept": accept}) for client in (lane, framework)]
+        answers = [
+            post(client, "/api/v1/retrieve_future", poll, headers={"Accept": accept}) for client in (lane, framework)
+        ]
         assert answers[0].status_code == 200
         same(*answers)
     metadata = post(lane, "/api/v1/retrieve_future", {"request_id": done, "allow_metadata_only": True}).json()

@@ -24,7 +24,9 @@ def rig(tmp_path, tiny_files):
 def settled(rig, request_id, **headers):
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        answer = rig.post("/api/v1/retrieve_future", {"request_id": request_id, "allow_metadata_only": False}, **headers)
+        answer = rig.post(
+            "/api/v1/retrieve_future", {"request_id": request_id, "allow_metadata_only": False}, **headers
+        )
         if answer.status_code != 408:
             return answer
     raise AssertionError(f"{request_id} never settled")
@@ -66,7 +68,10 @@ def test_a_sample_finished_before_its_session_stays_retrievable_any_later_one_is
     done, pending, late = rig.sample(seq_id=1), rig.sample(seq_id=2), rig.sample(seq_id=3)
     rig.finish_sample(done)
     payload = settled(rig, done, **PROTO).content
-    model = rig.post("/api/v1/create_model", {"session_id": rig.session_id, "model_seq_id": 0, "base_model": MODEL, "lora_config": {"rank": 4}}).json()
+    model = rig.post(
+        "/api/v1/create_model",
+        {"session_id": rig.session_id, "model_seq_id": 0, "base_model": MODEL, "lora_config": {"rank": 4}},
+    ).json()
 
     assert rig.post(f"/api/v1/sessions/{rig.session_id}/finish", {"reason": {"type": "success"}}).status_code == 200
     rig.finish_sample(late)  # completes after the session ended

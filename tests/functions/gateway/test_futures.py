@@ -60,7 +60,11 @@ def test_an_unfinished_future_is_held_then_answered_try_again(rig):
 def test_a_completion_wakes_the_waiter_long_before_the_deadline(rig):
     client, runtime, request_id = rig
     runtime.settings.long_poll_seconds = 20
-    timer = threading.Timer(0.3, complete, (runtime, request_id, RequestCompleted(request_id=request_id, result={"metrics": {"optim/lr": 1e-4}})))
+    timer = threading.Timer(
+        0.3,
+        complete,
+        (runtime, request_id, RequestCompleted(request_id=request_id, result={"metrics": {"optim/lr": 1e-4}})),
+    )
     started = time.monotonic()
     timer.start()
     answer = client.post("/api/v1/retrieve_future", json={"request_id": request_id})
@@ -69,7 +73,9 @@ def test_a_completion_wakes_the_waiter_long_before_the_deadline(rig):
     assert 0.3 <= waited < 2.0
     # retrievable again (a lost response is asked for again), and at once
     started = time.monotonic()
-    assert client.post("/api/v1/retrieve_future", json={"request_id": request_id}).json() == {"metrics": {"optim/lr": 1e-4}}
+    assert client.post("/api/v1/retrieve_future", json={"request_id": request_id}).json() == {
+        "metrics": {"optim/lr": 1e-4}
+    }
     assert time.monotonic() - started < 1.0
 
 

@@ -20,7 +20,12 @@ LIMIT = 4096
 
 @pytest.fixture
 def gateway(tmp_path, tiny_files):
-    settings = Settings(data_dir=tmp_path, models=[MODEL], api_keys=[f"alice={ALICE}", f"bob={BOB}", "tml-third-key"], max_request_bytes=LIMIT)
+    settings = Settings(
+        data_dir=tmp_path,
+        models=[MODEL],
+        api_keys=[f"alice={ALICE}", f"bob={BOB}", "tml-third-key"],
+        max_request_bytes=LIMIT,
+    )
     runtime = Runtime(settings)
     with TestClient(create_app(runtime.gateway_context())) as client:
         yield client, runtime
@@ -80,7 +85,6 @@ def test_a_body_over_the_limit_is_a_413_that_names_it(gateway, route):
         assert sessions(runtime) == before + 2
 
 
-
 def test_a_zstd_body_is_decompressed_only_up_to_the_limit(gateway):
     import zstandard
 
@@ -92,9 +96,16 @@ def test_a_zstd_body_is_decompressed_only_up_to_the_limit(gateway):
     assert len(bomb) < LIMIT
     response = client.post("/api/v1/forward_backward", content=bomb, headers=headers)
     assert response.status_code == 413, response.text
-    assert f"decompresses to more than {LIMIT} bytes" in response.json()["detail"] and "max_request_bytes" in response.json()["detail"]
+    assert (
+        f"decompresses to more than {LIMIT} bytes" in response.json()["detail"]
+        and "max_request_bytes" in response.json()["detail"]
+    )
     # a small compressed body is read as usual (here: a model that does not exist)
-    small = zstandard.ZstdCompressor().compress(json.dumps({"model_id": "s:train:0", "seq_id": 1, "forward_backward_input": {"data": [], "loss_fn": "cross_entropy"}}).encode())
+    small = zstandard.ZstdCompressor().compress(
+        json.dumps(
+            {"model_id": "s:train:0", "seq_id": 1, "forward_backward_input": {"data": [], "loss_fn": "cross_entropy"}}
+        ).encode()
+    )
     response = client.post("/api/v1/forward_backward", content=small, headers=headers)
     assert response.status_code == 404 and "unknown model_id" in response.json()["detail"], response.text
     garbage = client.post("/api/v1/forward_backward", content=b"not zstd", headers=headers)

@@ -38,7 +38,9 @@ def test_the_gateway_function_runs_the_checkpoint_reaper(tmp_path):
         while function._runtime.projections.checkpoint("alice", stream.model, "weights/ckpt-1") is not None:
             assert time.monotonic() < deadline, "the reaper never removed the expired checkpoint"
             time.sleep(0.05)
-        assert [t.name for t in function._threads] == ["reaper", "outbox"] and all(t.is_alive() for t in function._threads)
+        assert [t.name for t in function._threads] == ["reaper", "outbox"] and all(
+            t.is_alive() for t in function._threads
+        )
     finally:
         function.stop()
     assert not any(t.is_alive() for t in function._threads)
@@ -47,14 +49,18 @@ def test_the_gateway_function_runs_the_checkpoint_reaper(tmp_path):
 @pytest.mark.postgres
 def test_a_sample_submitted_on_one_replica_wakes_a_poll_held_on_another(tmp_path, pg_url, tiny_files):
     replica_a, close = start(tmp_path / "a", database_url=pg_url, long_poll_seconds=20)
-    runtime_b = Runtime(Settings(data_dir=tmp_path / "b", database_url=pg_url, models=[MODEL], api_keys=[f"alice={ALICE}"]))
+    runtime_b = Runtime(
+        Settings(data_dir=tmp_path / "b", database_url=pg_url, models=[MODEL], api_keys=[f"alice={ALICE}"])
+    )
     replica_b = TestClient(create_app(runtime_b.gateway_context()))
     replica_b.__enter__()
     try:
         body = {"target": {"type": "sampling_session", "sampling_session_id": replica_a.sampling_session_id, "cloned_sampler_id": 0},
                 "prev_cursor": 0, "retrieved_request_ids": []}  # fmt: skip
         answers = []
-        held = threading.Thread(target=lambda: answers.append((replica_a.post("/api/v1/retrieve_futures", body), time.monotonic())))
+        held = threading.Thread(
+            target=lambda: answers.append((replica_a.post("/api/v1/retrieve_futures", body), time.monotonic()))
+        )
         began = time.monotonic()
         held.start()
         time.sleep(0.5)  # the poll on replica A is now waiting, knowing of no samples

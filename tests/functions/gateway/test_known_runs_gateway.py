@@ -34,7 +34,9 @@ def served(tmp_path, tiny_files, monkeypatch):
         running.callback(runtime.close)
         runtime.store.runs.follow()  # as `Node` does with the embedded log and a projector beside the gateway
         stop = threading.Event()
-        thread = threading.Thread(target=Projector(runtime.bus, runtime.store, runtime.notifier).run, args=(stop,), daemon=True)
+        thread = threading.Thread(
+            target=Projector(runtime.bus, runtime.store, runtime.notifier).run, args=(stop,), daemon=True
+        )
         thread.start()
         running.callback(thread.join)
         running.callback(stop.set)

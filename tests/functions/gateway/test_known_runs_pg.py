@@ -13,6 +13,7 @@ from contextlib import ExitStack
 
 import pytest
 from fastapi.testclient import TestClient
+
 from eventing.store import database
 from eventing.store.event_store import EventStore
 from eventing.store.queries import Projections
@@ -35,9 +36,13 @@ def gateway(tmp_path, tiny_files, pg_url, monkeypatch):
     monkeypatch.setattr(runtime_module, "KEPT_RUN_SECONDS", 60.0)
     reads = []
     run = Projections.run
-    monkeypatch.setattr(Projections, "run", lambda self, tenant, model_id: reads.append(model_id) or run(self, tenant, model_id))
+    monkeypatch.setattr(
+        Projections, "run", lambda self, tenant, model_id: reads.append(model_id) or run(self, tenant, model_id)
+    )
     with ExitStack() as running:
-        settings = Settings(data_dir=tmp_path, database_url=pg_url, models=[MODEL], api_keys=[f"{t}={k}" for t, k in KEYS.items()])
+        settings = Settings(
+            data_dir=tmp_path, database_url=pg_url, models=[MODEL], api_keys=[f"{t}={k}" for t, k in KEYS.items()]
+        )
         runtime = Runtime(settings)
         running.callback(runtime.close)
         client = running.enter_context(TestClient(create_app(runtime.gateway_context())))
@@ -61,7 +66,9 @@ def cancel_in_another_process(runtime, model: str, announce: bool = True) -> Non
         store = EventStore(engine, runtime.codec)
         if announce:
             store.announce_runs()
-        store.append(new_event(te.RUN_CANCELLED, te.RunCancelled(model_id=model), tenant="alice", source="/elsewhere", key=model))
+        store.append(
+            new_event(te.RUN_CANCELLED, te.RunCancelled(model_id=model), tenant="alice", source="/elsewhere", key=model)
+        )
     finally:
         engine.dispose()
 
@@ -92,7 +99,9 @@ def test_a_lost_listen_connection_drops_every_kept_run(gateway, pg_url):
     assert runtime.store.runs.get("alice", model) is not None
     end_listen_connections(pg_url)
     deadline = time.monotonic() + 10
-    while runtime.store.runs.get("alice", model) is not None:  # announcements meanwhile are lost: nothing kept is trusted
+    while (
+        runtime.store.runs.get("alice", model) is not None
+    ):  # announcements meanwhile are lost: nothing kept is trusted
         assert time.monotonic() < deadline, "the kept run outlived the lost connection"
         time.sleep(0.05)
 

@@ -12,7 +12,6 @@ from fastapi.testclient import TestClient
 from tinker import types as sdk_types
 from tinker.proto.response_conv import deserialize_proto_response
 
-from eventing import topics
 from functions.gateway import proto_schema as pb
 from functions.gateway.app import create_app
 from functions.runtime import Runtime
@@ -50,7 +49,9 @@ def stored(runtime, type_):
 # targets and weights travel as CSR (unlisted entries are 0).
 JSON_DATA = [
     {
-        "model_input": {"chunks": [{"tokens": [1, 2], "type": "encoded_text"}, {"tokens": [3], "type": "encoded_text"}]},
+        "model_input": {
+            "chunks": [{"tokens": [1, 2], "type": "encoded_text"}, {"tokens": [3], "type": "encoded_text"}]
+        },
         "loss_fn_inputs": {
             "target_tokens": {"data": [2, 3, 4], "dtype": "int64", "shape": [3]},
             "weights": {"data": [0.0, 1.0, 0.5], "dtype": "float32", "shape": [3]},
@@ -59,8 +60,20 @@ JSON_DATA = [
     {
         "model_input": {"chunks": [{"tokens": [5, 6], "type": "encoded_text"}]},
         "loss_fn_inputs": {
-            "target_tokens": {"data": [7, 9], "dtype": "int64", "shape": [2, 2], "sparse_crow_indices": [0, 1, 2], "sparse_col_indices": [0, 1]},
-            "weights": {"data": [1.0, 2.0], "dtype": "float32", "shape": [2, 2], "sparse_crow_indices": [0, 1, 2], "sparse_col_indices": [0, 1]},
+            "target_tokens": {
+                "data": [7, 9],
+                "dtype": "int64",
+                "shape": [2, 2],
+                "sparse_crow_indices": [0, 1, 2],
+                "sparse_col_indices": [0, 1],
+            },
+            "weights": {
+                "data": [1.0, 2.0],
+                "dtype": "float32",
+                "shape": [2, 2],
+                "sparse_crow_indices": [0, 1, 2],
+                "sparse_col_indices": [0, 1],
+            },
         },
     },
 ]
@@ -86,7 +99,11 @@ def proto_body(model_id: str, seq_id: int) -> bytes:
 
 def json_body(model_id: str, seq_id: int, forward: bool = False, data=None, **extra) -> dict:
     key = "forward_input" if forward else "forward_backward_input"
-    return {key: {"data": data if data is not None else JSON_DATA, "loss_fn": "cross_entropy", **extra}, "model_id": model_id, "seq_id": seq_id}
+    return {
+        key: {"data": data if data is not None else JSON_DATA, "loss_fn": "cross_entropy", **extra},
+        "model_id": model_id,
+        "seq_id": seq_id,
+    }
 
 
 def test_a_json_body_becomes_the_same_request_as_its_protobuf_twin(api):
@@ -96,7 +113,9 @@ def test_a_json_body_becomes_the_same_request_as_its_protobuf_twin(api):
     assert client.post("/api/v1/forward_backward", content=proto_body(by_proto, 1), headers=PROTO).status_code == 200
     one, two = stored(runtime, te.FORWARD_BACKWARD["requested"])
     assert one.data.model_id == by_json and two.data.model_id == by_proto
-    assert one.data.model_dump(exclude={"request_id", "model_id"}) == two.data.model_dump(exclude={"request_id", "model_id"})
+    assert one.data.model_dump(exclude={"request_id", "model_id"}) == two.data.model_dump(
+        exclude={"request_id", "model_id"}
+    )
     sparse = one.data.data[1].to_datum()
     np.testing.assert_array_equal(sparse.loss_fn_inputs["target_tokens"], [[7, 0], [0, 9]])
     assert sparse.loss_fn_inputs["weights"].dtype == np.float32 and one.data.forward_only is False
@@ -151,22 +170,40 @@ def test_results_come_as_json_to_a_poll_that_does_not_ask_for_protobuf(api):
     client, runtime = api
     model_id = new_model(client)
     request_id = client.post("/api/v1/forward_backward", json=json_body(model_id, 1)).json()["request_id"]
-    logprobs = [np.array([-1.5, -2.0, -0.25], dtype=np.float32), np.array([[-3.0, -4.0], [-5.0, -6.0]], dtype=np.float32)]
+    logprobs = [
+        np.array([-1.5, -2.0, -0.25], dtype=np.float32),
+        np.array([[-3.0, -4.0], [-5.0, -6.0]], dtype=np.float32),
+    ]
     result = {"loss_fn_output_type": "ArrayRecord", "metrics": {"loss:sum": 12.5},
               "loss_fn_outputs": [{"logprobs": Array.from_numpy(lp).model_dump()} for lp in logprobs]}  # fmt: skip
-    done = new_event(te.FORWARD_BACKWARD["completed"], RequestCompleted(request_id=request_id, result=result), tenant="alice", source="/t")
+    done = new_event(
+        te.FORWARD_BACKWARD["completed"],
+        RequestCompleted(request_id=request_id, result=result),
+        tenant="alice",
+        source="/t",
+    )
     runtime.store.append(done)
 
-    as_json = client.post("/api/v1/retrieve_future", json={"request_id": request_id}, headers={"Accept": "application/json"})
+    as_json = client.post(
+        "/api/v1/retrieve_future", json={"request_id": request_id}, headers={"Accept": "application/json"}
+    )
     assert as_json.headers["content-type"] == "application/json"
     body = as_json.json()
     assert body["metrics"] == {"loss:sum": 12.5} and body["loss_fn_output_type"] == "ArrayRecord"
-    assert body["loss_fn_outputs"][1]["logprobs"] == {"data": [-3.0, -4.0, -5.0, -6.0], "dtype": "float32", "shape": [2, 2]}
+    assert body["loss_fn_outputs"][1]["logprobs"] == {
+        "data": [-3.0, -4.0, -5.0, -6.0],
+        "dtype": "float32",
+        "shape": [2, 2],
+    }
 
     # the protobuf answer, decoded by the 0.38 SDK, holds the same numbers
-    as_proto = client.post("/api/v1/retrieve_future", json={"request_id": request_id}, headers={"Accept": "application/x-protobuf"})
+    as_proto = client.post(
+        "/api/v1/retrieve_future", json={"request_id": request_id}, headers={"Accept": "application/x-protobuf"}
+    )
     decoded = deserialize_proto_response(as_proto.content, sdk_types.ForwardBackwardOutput)
     for output, datum in zip(decoded.loss_fn_outputs, body["loss_fn_outputs"]):
         tensor = datum["logprobs"]
-        np.testing.assert_array_equal(output["logprobs"].to_numpy(), np.array(tensor["data"], np.float32).reshape(tensor["shape"]))
+        np.testing.assert_array_equal(
+            output["logprobs"].to_numpy(), np.array(tensor["data"], np.float32).reshape(tensor["shape"])
+        )
     assert json.loads(as_json.content) == body

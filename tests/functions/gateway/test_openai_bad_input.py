@@ -34,7 +34,9 @@ def api(tmp_path, tiny_files):
     for source in tiny_files.path.iterdir():
         if source.name != "chat_template.jinja":
             (plain / source.name).symlink_to(source)
-    settings = Settings(data_dir=tmp_path / "data", models=[MODEL, PLAIN], local_models={PLAIN: str(plain)}, api_keys=[f"alice={ALICE}"])
+    settings = Settings(
+        data_dir=tmp_path / "data", models=[MODEL, PLAIN], local_models={PLAIN: str(plain)}, api_keys=[f"alice={ALICE}"]
+    )
     runtime = Runtime(settings)
     with TestClient(create_app(runtime.gateway_context())) as client:
         yield client, runtime
@@ -58,8 +60,20 @@ def test_errors_have_openais_shape_and_status(api):
     cases = [
         (client.get("/v1/models"), 401, "invalid_api_key"),
         (client.get("/v1/models", headers={"Authorization": "Bearer tml-wrong"}), 401, "invalid_api_key"),
-        (client.post("/v1/completions", headers={"Authorization": f"Bearer {ALICE}"}, json={"model": "nope", "prompt": "x"}), 404, "model_not_found"),
-        (client.post("/v1/completions", headers={"X-API-Key": ALICE}, json={"model": MODEL, "prompt": "x", "max_tokens": 0}), 400, None),
+        (
+            client.post(
+                "/v1/completions", headers={"Authorization": f"Bearer {ALICE}"}, json={"model": "nope", "prompt": "x"}
+            ),
+            404,
+            "model_not_found",
+        ),
+        (
+            client.post(
+                "/v1/completions", headers={"X-API-Key": ALICE}, json={"model": MODEL, "prompt": "x", "max_tokens": 0}
+            ),
+            400,
+            None,
+        ),
         (client.post("/v1/completions", headers={"X-API-Key": ALICE}, content=b"{not json"), 400, None),
         (client.get("/v1/embeddings", headers={"X-API-Key": ALICE}), 404, None),
     ]
@@ -92,7 +106,9 @@ def test_no_chat_template_and_other_refusals_store_nothing(api):
     with pytest.raises(openai.NotFoundError):
         oai.completions.create(model="tinker://nobody:train:0/sampler_weights/x", prompt="x", max_tokens=2)
     with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url="http://testserver/v1", api_key="tml-wrong", http_client=client, max_retries=0).models.list()
+        openai.OpenAI(
+            base_url="http://testserver/v1", api_key="tml-wrong", http_client=client, max_retries=0
+        ).models.list()
     assert stored_events(runtime) == before
     assert refused_lookups(runtime) == refusals + 1  # the unknown model, probed with a Bearer key
 
@@ -102,7 +118,9 @@ def test_no_chat_template_and_other_refusals_store_nothing(api):
 
 def pending_sample(runtime, timeout: float = 30.0):
     """The one unfinished sample the request under test submitted (request id, sampling session)."""
-    query = select(tables.futures.c.request_id, tables.futures.c.model_id).where(tables.futures.c.kind == "sample", tables.futures.c.state == "pending")
+    query = select(tables.futures.c.request_id, tables.futures.c.model_id).where(
+        tables.futures.c.kind == "sample", tables.futures.c.state == "pending"
+    )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with runtime.store.engine.connect() as conn:

@@ -62,7 +62,9 @@ def test_eos_is_dropped_and_length_keeps_everything(tokenizer, codec, tiny_files
     assert (stopped.text, stopped.tokens, stopped.logprobs) == ("hello world", tokens, logprobs[:-1])
     assert stopped.finish_reason == "stop" and stopped.sampled == len(tokens) + 1
     capped = finish(tokens + [eos], logprobs, "length", None, codec.eos_ids, codec.decode)
-    assert capped.finish_reason == "length" and capped.tokens == tokens + [eos]  # an EOS that did not stop the row is text
+    assert capped.finish_reason == "length" and capped.tokens == tokens + [
+        eos
+    ]  # an EOS that did not stop the row is text
 
 
 @pytest.mark.parametrize("stops", [["STOP"], ["never", " wor"], ["ld S", "STOP"]])

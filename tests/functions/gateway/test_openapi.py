@@ -38,7 +38,11 @@ def test_the_description_is_served_without_a_key_and_tells_bodies_statuses_and_k
         for status, answer in operation["responses"].items():
             if status.startswith("4"):
                 schema = answer["content"]["application/json"]["schema"]
-                assert schema.get("$ref", "").endswith(("ErrorBody", "TryAgainResponse")) or "properties" in schema, (method, path, status)
+                assert schema.get("$ref", "").endswith(("ErrorBody", "TryAgainResponse")) or "properties" in schema, (
+                    method,
+                    path,
+                    status,
+                )
     paths = spec["paths"]
     fb = paths["/api/v1/forward_backward"]["post"]["requestBody"]
     assert fb["required"] and set(fb["content"]) == {"application/json", "application/x-protobuf"}
@@ -46,14 +50,23 @@ def test_the_description_is_served_without_a_key_and_tells_bodies_statuses_and_k
     assert {"session_id", "model_seq_id", "base_model"} <= set(create_model["required"])
     assert create_model["properties"]["base_model"]["enum"] == ["openrl/tiny-qwen3"]  # the served models
     assert paths["/v1/completions"]["post"]["security"] == [{"Bearer": []}, {"ApiKey": []}]
-    assert paths["/v1/completions"]["post"]["responses"]["404"]["content"]["application/json"]["schema"]["$ref"].endswith("OpenAIErrorBody")
+    assert paths["/v1/completions"]["post"]["responses"]["404"]["content"]["application/json"]["schema"][
+        "$ref"
+    ].endswith("OpenAIErrorBody")
     assert "200" not in paths["/api/v1/audit"]["get"]["responses"]  # a feature not offered never succeeds
-    assert set(paths["/api/v1/retrieve_future"]["post"]["responses"]["200"]["content"]) == {"application/json", "application/x-protobuf"}
+    assert set(paths["/api/v1/retrieve_future"]["post"]["responses"]["200"]["content"]) == {
+        "application/json",
+        "application/x-protobuf",
+    }
 
 
 def test_a_405_says_which_methods_the_path_takes(rest):
     for method, path, allow in (
-        ("PATCH", "/api/v1/training_runs/s:train:0/checkpoints/weights/w", "DELETE, GET, POST, PUT"),  # routes in two routers
+        (
+            "PATCH",
+            "/api/v1/training_runs/s:train:0/checkpoints/weights/w",
+            "DELETE, GET, POST, PUT",
+        ),  # routes in two routers
         ("OPTIONS", "/api/openrl/v1/checkpoints", "DELETE, GET"),
         ("GET", "/api/v1/sessions/search", None),  # a session named "search": a lookup, not a 405
         ("DELETE", "/api/v1/sessions/search", "POST"),  # the literal path is its own resource
@@ -108,8 +121,17 @@ def test_every_documented_request_body_is_what_the_route_takes(quick_rest):
         extra = {**body, "zz_unknown": 1}
         answer = send(rig, key, method, path, extra)
         assert (answer.status_code != 400) == validator.is_valid(extra), (route, answer.status_code, answer.text)
-    bodies = {(method.upper(), path) for path, item in spec["paths"].items() for method, op in item.items() if "requestBody" in op}
+    bodies = {
+        (method.upper(), path)
+        for path, item in spec["paths"].items()
+        for method, op in item.items()
+        if "requestBody" in op
+    }
     for route in sorted(bodies):  # the description's own examples are valid by it
-        example = spec["paths"][route[1]][route[0].lower()]["requestBody"]["content"].get("application/json", {}).get("example")
+        example = (
+            spec["paths"][route[1]][route[0].lower()]["requestBody"]["content"]
+            .get("application/json", {})
+            .get("example")
+        )
         assert example is None or not list(body_validator(spec, *route).iter_errors(example)), route
     assert bodies == checked, sorted(bodies ^ checked)  # every documented body was checked

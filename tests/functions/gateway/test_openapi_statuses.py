@@ -97,9 +97,15 @@ def test_every_status_a_route_answers_is_in_its_description(gateway):
             answered[route].add(response.status_code)
     proxy.restore()
     in_schema = {route for route in answered if route in spec}
-    undocumented = {route: sorted(answered[route] - spec[route]) for route in in_schema if answered[route] - spec[route]}
+    undocumented = {
+        route: sorted(answered[route] - spec[route]) for route in in_schema if answered[route] - spec[route]
+    }
     assert not undocumented, undocumented
-    assert emitting >= {("POST", "/api/v1/create_session"), ("POST", "/api/v1/forward_backward"), ("POST", "/api/v1/asample")}
+    assert emitting >= {
+        ("POST", "/api/v1/create_session"),
+        ("POST", "/api/v1/forward_backward"),
+        ("POST", "/api/v1/asample"),
+    }
     assert not {route for route in emitting & in_schema if 507 not in spec[route]}
     assert unreachable & in_schema == {route for route in in_schema if 503 in spec[route]} - set(STORE_ONLY_AT_TIMES)
 
@@ -109,13 +115,19 @@ def test_a_full_blob_disk_is_a_507_on_the_wire_and_stores_nothing(tmp_path, tiny
     store; with its disk full the request is a 507 that names the full disk, nothing is
     stored, and the same request goes through once space is freed."""
     with small_disk(tmp_path / "data" / "blobs", "1m") as disk:
-        runtime = Runtime(Settings(data_dir=tmp_path / "data", models=[MODEL], api_keys=[f"alice={ALICE}"], inline_payload_limit=1024))
+        runtime = Runtime(
+            Settings(data_dir=tmp_path / "data", models=[MODEL], api_keys=[f"alice={ALICE}"], inline_payload_limit=1024)
+        )
         try:
             with TestClient(create_app(runtime.gateway_context())) as client:
                 rig = Rig(client, runtime)
                 spec = documented(client.get("/openapi.json").json())
                 session = rig.session()
-                sampler = rig.ok("POST", "/api/v1/create_sampling_session", {"session_id": session, "sampling_session_seq_id": 0, "base_model": MODEL})
+                sampler = rig.ok(
+                    "POST",
+                    "/api/v1/create_sampling_session",
+                    {"session_id": session, "sampling_session_seq_id": 0, "base_model": MODEL},
+                )
                 big_session = {"tags": [], "user_metadata": {"notes": "x" * 4096}}
                 prompt = {"chunks": [{"type": "encoded_text", "tokens": list(range(1, 600))}]}
                 big_sample = {"sampling_session_id": sampler["sampling_session_id"], "seq_id": 1, "num_samples": 1, "prompt": prompt,

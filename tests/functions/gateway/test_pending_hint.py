@@ -75,7 +75,11 @@ def served(tmp_path, tiny_files, monkeypatch):
     running = ExitStack()
 
     def start(follow: bool):
-        runtime = Runtime(Settings(data_dir=tmp_path, models=[MODEL], api_keys=[f"{t}={k}" for t, k in KEYS.items()], long_poll_seconds=20))
+        runtime = Runtime(
+            Settings(
+                data_dir=tmp_path, models=[MODEL], api_keys=[f"{t}={k}" for t, k in KEYS.items()], long_poll_seconds=20
+            )
+        )
         running.callback(runtime.close)
         if follow:  # before the submission below, as `Node` does before it serves
             runtime.store.finished.follow_pending()
@@ -97,7 +101,9 @@ def served(tmp_path, tiny_files, monkeypatch):
 
 def completed(request_id: str):
     done = RequestCompleted(request_id=request_id, result=RESULT)
-    return new_event(te.OPTIM_STEP["completed"], done, tenant="alice", source="/test-worker", key="m", subject=request_id)
+    return new_event(
+        te.OPTIM_STEP["completed"], done, tenant="alice", source="/test-worker", key="m", subject=request_id
+    )
 
 
 def finish_elsewhere(runtime, request_id: str) -> None:
@@ -117,7 +123,9 @@ def test_a_running_future_known_to_this_process_is_waited_on_without_a_store_rea
     assert runtime.store.finished.pending("alice", request_id) is follow
     # The worker's completion goes through the log and the projector, as in `openrl serve`.
     answer, waited = retrieve_finished_meanwhile(
-        client, request_id, lambda: runtime.publisher.publish(topics.topic("alice", "completions"), completed(request_id))
+        client,
+        request_id,
+        lambda: runtime.publisher.publish(topics.topic("alice", "completions"), completed(request_id)),
     )
     assert answer.status_code == 200 and answer.json() == RESULT
     assert 0.3 <= waited < 2.0  # woken by the completion, as without the hint
@@ -162,7 +170,9 @@ def test_another_tenants_running_future_is_unknown_as_before(served):
     assert reads == ["req-no-such-future", request_id]  # both read the store: the hint is alice's alone
 
 
-def test_openrl_serve_on_sqlite_follows_pending_futures_only_with_the_embedded_log_and_its_projector(tmp_path, tiny_files):
+def test_openrl_serve_on_sqlite_follows_pending_futures_only_with_the_embedded_log_and_its_projector(
+    tmp_path, tiny_files
+):
     def follows(roles, **settings) -> bool:
         node = Node(Settings(data_dir=tmp_path / str(len(list(tmp_path.iterdir()))), models=[MODEL], **settings), roles)
         try:

@@ -26,7 +26,15 @@ from functions.gateway.routes import futures as futures_route
 from functions.runtime import Runtime
 from functions.serve import Node
 from openrl_core.settings import Settings
-from tests.functions.gateway.test_pending_hint import KEYS, MODEL, RESULT, completed, count_store_reads, retrieve_finished_meanwhile, submit_one_step
+from tests.functions.gateway.test_pending_hint import (
+    KEYS,
+    MODEL,
+    RESULT,
+    completed,
+    count_store_reads,
+    retrieve_finished_meanwhile,
+    submit_one_step,
+)
 
 pytestmark = pytest.mark.postgres
 
@@ -77,7 +85,9 @@ def wait_until(condition, seconds: float = 10.0) -> None:
 def test_a_running_future_is_waited_on_without_a_first_read_and_answered_once_announced(gateway):
     client, runtime, request_id, reads = gateway
     assert runtime.store.finished.pending("alice", request_id)
-    answer, waited = retrieve_finished_meanwhile(client, request_id, lambda: finish_in_another_process(runtime, request_id))
+    answer, waited = retrieve_finished_meanwhile(
+        client, request_id, lambda: finish_in_another_process(runtime, request_id)
+    )
     assert answer.status_code == 200 and answer.json() == RESULT
     assert 0.3 <= waited < WRONG_HINT_WAIT - 1  # woken by the announcement, not by the hint's timeout
     assert reads == [request_id]  # the woken look only (without the hint: the first look too)
@@ -128,7 +138,9 @@ def test_a_gateway_of_its_own_on_postgresql_follows_pending_futures(tmp_path, ti
 
 def test_a_future_announced_with_its_row_is_answered_without_any_read(gateway):
     client, runtime, request_id, reads = gateway
-    answer, _waited = retrieve_finished_meanwhile(client, request_id, lambda: finish_in_another_process(runtime, request_id, True))
+    answer, _waited = retrieve_finished_meanwhile(
+        client, request_id, lambda: finish_in_another_process(runtime, request_id, True)
+    )
     assert answer.status_code == 200 and answer.json() == RESULT
     assert reads == []  # the announced row answered the woken poll
     # Another tenant asking for it is answered as for an unknown id, row kept or not.

@@ -31,7 +31,9 @@ def test_descriptor_matches_the_sdk_field_by_field():
     }
     for message in ours.message_type:
         assert _fields(message) == _fields(by_name[message.name]), message.name
-        assert {n.name: _fields(n) for n in message.nested_type} == {n.name: _fields(n) for n in by_name[message.name].nested_type}
+        assert {n.name: _fields(n) for n in message.nested_type} == {
+            n.name: _fields(n) for n in by_name[message.name].nested_type
+        }
     # every message the SDK exchanges in a request or result is declared here
     assert {"ForwardBackwardRequest", "ForwardBackwardOutput", "SampleResponse"} <= {m.name for m in ours.message_type}
 
@@ -48,7 +50,9 @@ def test_sdk_request_decodes_dense_sparse_and_multi_chunk():
     targets = torch.zeros(4, 3, dtype=torch.int64)
     targets[1, 2] = 9
     dense = types.Datum(
-        model_input=types.ModelInput(chunks=[types.EncodedTextChunk(tokens=[1, 2]), types.EncodedTextChunk(tokens=[3])]),
+        model_input=types.ModelInput(
+            chunks=[types.EncodedTextChunk(tokens=[1, 2]), types.EncodedTextChunk(tokens=[3])]
+        ),
         loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [0.0, -1.5, 2.0]},
     )
     sparse = types.Datum(
@@ -86,8 +90,15 @@ def test_garbage_is_a_clear_400(body):
 
 
 def test_forward_backward_output_decodes_in_the_sdk():
-    lp = [np.array([-1.0, -2.0, -3.0], dtype=np.float32), np.array([-0.5], dtype=np.float32), np.array([[-1.0, -2.0]], dtype=np.float32)]
-    result = {"loss_fn_outputs": [{"logprobs": Array.from_numpy(a).model_dump()} for a in lp], "metrics": {"loss:sum": 6.5}}
+    lp = [
+        np.array([-1.0, -2.0, -3.0], dtype=np.float32),
+        np.array([-0.5], dtype=np.float32),
+        np.array([[-1.0, -2.0]], dtype=np.float32),
+    ]
+    result = {
+        "loss_fn_outputs": [{"logprobs": Array.from_numpy(a).model_dump()} for a in lp],
+        "metrics": {"loss:sum": 6.5},
+    }
     output = response_conv.deserialize_forward_backward_output(proto.encode_forward_backward_output(result))
     assert output.metrics == {"loss:sum": 6.5}
     got = [o["logprobs"].to_numpy() for o in output.loss_fn_outputs]
@@ -98,7 +109,10 @@ def test_forward_backward_output_decodes_in_the_sdk():
 
 def test_sample_response_decodes_in_the_sdk():
     result = {
-        "sequences": [{"tokens": [5, 6], "logprobs": [-0.1, -0.2], "stop_reason": "stop"}, {"tokens": [7], "logprobs": [-1.0], "stop_reason": "length"}],
+        "sequences": [
+            {"tokens": [5, 6], "logprobs": [-0.1, -0.2], "stop_reason": "stop"},
+            {"tokens": [7], "logprobs": [-1.0], "stop_reason": "length"},
+        ],
         "prompt_logprobs": [None, -1.5, -2.5],
         "topk_prompt_logprobs": [None, [[3, -0.5], [4, -1.0]], [[9, -0.25]]],
     }

@@ -23,7 +23,12 @@ from openrl_core.events.lifecycle import RequestCompleted
 from openrl_core.settings import Settings
 from tests.functions.gateway.rest_rig import ALICE, BOB, MODEL, Rig
 
-ALICE_QUOTAS = {"requests_in_flight": 3, "queued_training_tokens": 20, "sampling_tokens_per_minute": 40, "checkpoint_bytes": 64}
+ALICE_QUOTAS = {
+    "requests_in_flight": 3,
+    "queued_training_tokens": 20,
+    "sampling_tokens_per_minute": 40,
+    "checkpoint_bytes": 64,
+}
 
 
 @pytest.fixture
@@ -51,7 +56,11 @@ def datum(tokens: int) -> dict:
 
 
 def fwdbwd(model_id: str, seq_id: int, tokens: int = 4) -> dict:
-    return {"forward_backward_input": {"data": [datum(tokens)], "loss_fn": "cross_entropy"}, "model_id": model_id, "seq_id": seq_id}
+    return {
+        "forward_backward_input": {"data": [datum(tokens)], "loss_fn": "cross_entropy"},
+        "model_id": model_id,
+        "seq_id": seq_id,
+    }
 
 
 def complete(rig: Rig, request_id: str, family, tenant: str = "alice", key: str = "m") -> None:
@@ -150,15 +159,21 @@ def test_sampling_tokens_per_minute_is_a_sliding_window_and_covers_the_openai_ro
     # Sliding it: age the first sample by 55 s; the wait is then until it leaves (about 5 s).
     with rig.runtime.engine.begin() as conn:
         oldest = datetime.now(timezone.utc) - timedelta(seconds=55)
-        rows = conn.execute(tables.futures.select().where(tables.futures.c.kind == "sample").order_by(tables.futures.c.created_at)).all()
-        conn.execute(tables.futures.update().where(tables.futures.c.request_id == rows[0].request_id).values(created_at=oldest))
+        rows = conn.execute(
+            tables.futures.select().where(tables.futures.c.kind == "sample").order_by(tables.futures.c.created_at)
+        ).all()
+        conn.execute(
+            tables.futures.update().where(tables.futures.c.request_id == rows[0].request_id).values(created_at=oldest)
+        )
     again = rig.request("POST", "/api/v1/asample", sample_body(sampler, 3, prompt=2, max_tokens=2, n=2))
     assert assert_refused(rig, again, "sampling_tokens_per_minute", "OPENRL_TENANT_QUOTAS") <= 6
     # No max_tokens is charged up to the model's context, which is more than alice's whole minute.
     whole = rig.request("POST", "/api/v1/asample", sample_body(sampler, 4, prompt=2, max_tokens=None))
     assert whole.status_code == 400 and "can never be admitted" in whole.json()["detail"], whole.text
     # Bob has no sampling limit.
-    bobs = rig.ok("POST", "/api/v1/create_sampling_session", {**body, "session_id": rig.session(BOB)}, BOB)["sampling_session_id"]
+    bobs = rig.ok("POST", "/api/v1/create_sampling_session", {**body, "session_id": rig.session(BOB)}, BOB)[
+        "sampling_session_id"
+    ]
     rig.ok("POST", "/api/v1/asample", sample_body(bobs, 1, prompt=4, max_tokens=100, n=4), BOB)
 
 
@@ -166,20 +181,35 @@ def test_checkpoint_bytes_refuse_saves_and_copies_once_the_tenant_is_at_its_limi
     model = ready_model(rig)
     rig.save(model, "first", files={"adapter_model.safetensors": b"x" * 40})  # 40 of 64 bytes
     seq = rig.next_seq(model)
-    future = rig.ok("POST", "/api/v1/save_weights", {"model_id": model, "seq_id": seq, "path": "second"})  # under: admitted
+    future = rig.ok(
+        "POST", "/api/v1/save_weights", {"model_id": model, "seq_id": seq, "path": "second"}
+    )  # under: admitted
     complete(rig, future["request_id"], te.SAVE_WEIGHTS)
-    stored = rig.save(model, "third", files={"adapter_model.safetensors": b"y" * 30}, expires_at=datetime.now(timezone.utc) + timedelta(seconds=20))
+    stored = rig.save(
+        model,
+        "third",
+        files={"adapter_model.safetensors": b"y" * 30},
+        expires_at=datetime.now(timezone.utc) + timedelta(seconds=20),
+    )
     destination = rig.session()
     before = unchanged(rig)
     body = {"model_id": model, "seq_id": rig.next_seq(model), "path": "fourth"}
     refused = rig.request("POST", "/api/v1/save_weights", body)  # 70 bytes stored, at or over 64
     retry_after = assert_refused(rig, refused, "checkpoint_bytes", "tenant_quotas['alice']['checkpoint_bytes']")
     assert 15 <= retry_after <= 20  # when the expiring checkpoint frees its bytes
-    copy = rig.request("POST", "/api/v1/copy_weights", {"source_path": stored.tinker_path, "session_id": destination, "model_seq_id": 1})
+    copy = rig.request(
+        "POST",
+        "/api/v1/copy_weights",
+        {"source_path": stored.tinker_path, "session_id": destination, "model_seq_id": 1},
+    )
     assert_refused(rig, copy, "checkpoint_bytes", "OPENRL_TENANT_QUOTAS")
     assert unchanged(rig) == before
     # A sampler session's weights make no checkpoint record: not refused.
-    rig.ok("POST", "/api/v1/save_weights_for_sampler", {"model_id": model, "seq_id": body["seq_id"], "sampling_session_seq_id": 1})
+    rig.ok(
+        "POST",
+        "/api/v1/save_weights_for_sampler",
+        {"model_id": model, "seq_id": body["seq_id"], "sampling_session_seq_id": 1},
+    )
     # Deleting a checkpoint frees its bytes.
     assert rig.request("DELETE", f"/api/v1/training_runs/{model}/checkpoints/weights/third").status_code in (200, 204)
     rig.ok("POST", "/api/v1/save_weights", {"model_id": model, "seq_id": rig.next_seq(model), "path": "fourth"})
@@ -187,11 +217,17 @@ def test_checkpoint_bytes_refuse_saves_and_copies_once_the_tenant_is_at_its_limi
 
 def test_quota_settings_come_from_the_environment_and_refuse_unknown_limits(monkeypatch, tmp_path):
     monkeypatch.setenv("OPENRL_QUOTA_CHECKPOINT_BYTES", "2KiB")
-    monkeypatch.setenv("OPENRL_TENANT_QUOTAS", json.dumps({"alice": {"requests_in_flight": 2, "checkpoint_bytes": None}}))
+    monkeypatch.setenv(
+        "OPENRL_TENANT_QUOTAS", json.dumps({"alice": {"requests_in_flight": 2, "checkpoint_bytes": None}})
+    )
     settings = Settings(data_dir=tmp_path)
     assert settings.quotas("bob")[0].checkpoint_bytes == 2048
     limits, overridden = settings.quotas("alice")
-    assert limits.requests_in_flight == 2 and limits.checkpoint_bytes is None and overridden == {"requests_in_flight", "checkpoint_bytes"}
+    assert (
+        limits.requests_in_flight == 2
+        and limits.checkpoint_bytes is None
+        and overridden == {"requests_in_flight", "checkpoint_bytes"}
+    )
     monkeypatch.setenv("OPENRL_TENANT_QUOTAS", json.dumps({"alice": {"in_flight": 2}}))
     with pytest.raises(ValueError, match="unknown limits"):
         Settings(data_dir=tmp_path)
@@ -216,7 +252,12 @@ def test_two_gateway_replicas_over_one_postgresql_store_share_the_tenants_usage(
         one.ok("POST", "/api/v1/forward_backward", fwdbwd(model, 1))
         two.ok("POST", "/api/v1/forward_backward", fwdbwd(model, 2))
         for rig in rigs:  # both replicas see the two in flight
-            assert_refused(rig, rig.request("POST", "/api/v1/forward_backward", fwdbwd(model, 3)), "requests_in_flight", "OPENRL_TENANT_QUOTAS")
+            assert_refused(
+                rig,
+                rig.request("POST", "/api/v1/forward_backward", fwdbwd(model, 3)),
+                "requests_in_flight",
+                "OPENRL_TENANT_QUOTAS",
+            )
         assert one.count_events("seq.skipped") == 0
     finally:
         for rig, runtime in zip(rigs, runtimes):

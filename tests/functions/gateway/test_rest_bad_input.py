@@ -44,8 +44,22 @@ CASES = {
         ("DELETE", R + "/optimizer/final", None, None, 400, "has kind 'optimizer'"),
         ("DELETE", R + "/weights/%2E%2E", None, None, 400, "checkpoint name '..'"),
         ("DELETE", R + "/weights/final/unknown-action", None, None, 404, "no route"),
-        ("DELETE", "/api/v1/training_runs/not-a-run/checkpoints/weights/final", None, None, 400, "malformed training run id"),
-        ("DELETE", "/api/v1/training_runs/..%2F..%2Fetc:train:0/checkpoints/weights/final", None, None, 404, "Not Found"),
+        (
+            "DELETE",
+            "/api/v1/training_runs/not-a-run/checkpoints/weights/final",
+            None,
+            None,
+            400,
+            "malformed training run id",
+        ),
+        (
+            "DELETE",
+            "/api/v1/training_runs/..%2F..%2Fetc:train:0/checkpoints/weights/final",
+            None,
+            None,
+            404,
+            "Not Found",
+        ),
     ],
     "publish": [
         ("POST", R + "/weights/missing/publish", None, None, 404, "not found"),
@@ -64,11 +78,39 @@ CASES = {
     ],
     "weights_info": [
         ("POST", "/api/v1/weights_info", {}, None, 400, "tinker_path"),
-        ("POST", "/api/v1/weights_info", {"tinker_path": "/abs/path/weights/final"}, None, 400, "must start with tinker://"),
-        ("POST", "/api/v1/weights_info", {"tinker_path": "tinker:///etc/passwd"}, None, 400, "malformed training run id"),
-        ("POST", "/api/v1/weights_info", {"tinker_path": "tinker://RID/weights/../../etc"}, None, 400, "tinker://<run_id>/<kind>/<name>"),
+        (
+            "POST",
+            "/api/v1/weights_info",
+            {"tinker_path": "/abs/path/weights/final"},
+            None,
+            400,
+            "must start with tinker://",
+        ),
+        (
+            "POST",
+            "/api/v1/weights_info",
+            {"tinker_path": "tinker:///etc/passwd"},
+            None,
+            400,
+            "malformed training run id",
+        ),
+        (
+            "POST",
+            "/api/v1/weights_info",
+            {"tinker_path": "tinker://RID/weights/../../etc"},
+            None,
+            400,
+            "tinker://<run_id>/<kind>/<name>",
+        ),
         ("POST", "/api/v1/weights_info", {"tinker_path": "tinker://RID/weights/.."}, None, 400, "checkpoint name"),
-        ("POST", "/api/v1/weights_info", {"tinker_path": "tinker://RID/weights/final/extra"}, None, 400, "tinker://<run_id>/<kind>/<name>"),
+        (
+            "POST",
+            "/api/v1/weights_info",
+            {"tinker_path": "tinker://RID/weights/final/extra"},
+            None,
+            400,
+            "tinker://<run_id>/<kind>/<name>",
+        ),
         ("POST", "/api/v1/weights_info", {"tinker_path": "tinker://RID/checkpoints/final"}, None, 400, "has kind"),
         ("POST", "/api/v1/weights_info", {"tinker_path": "tinker://RID/weights/missing"}, None, 404, "not found"),
         ("POST", "/api/v1/weights_info", {"tinker_path": "tinker://BRID/weights/bobs"}, None, 404, "not found"),
@@ -76,36 +118,171 @@ CASES = {
     ],
     "copy_weights": [
         ("POST", "/api/v1/copy_weights", {"destination_project_id": "p"}, None, 400, "source_path"),
-        ("POST", "/api/v1/copy_weights", {"source_path": "tinker://RID/weights/final"}, None, 400, "needs a destination_project_id"),
-        ("POST", "/api/v1/copy_weights", {"source_path": "tinker://RID/weights/final", "destination_project_id": "  "}, None, 400, "needs a destination_project_id"),
-        ("POST", "/api/v1/copy_weights", {"source_path": "tinker://RID/weights/final", "session_id": "SID"}, None, 400, "together"),
-        ("POST", "/api/v1/copy_weights", {"source_path": "tinker://RID/weights/final", "session_id": "SID", "model_seq_id": 3,
-                                          "destination_project_id": "p"}, None, 400, "not both"),  # fmt: skip
-        ("POST", "/api/v1/copy_weights", {"source_path": "tinker://RID/weights/final", "destination_project_id": "p", "ttl_seconds": 5}, None, 400, "between 3600"),
-        ("POST", "/api/v1/copy_weights", {"source_path": "tinker://RID/weights/final", "destination_project_id": "p",
-                                          "weights_access_token": "tok"}, None, 400, "weights_access_token is not supported"),  # fmt: skip
-        ("POST", "/api/v1/copy_weights", {"source_path": "tinker://RID/weights/../x", "destination_project_id": "p"}, None, 400, "checkpoint path"),
-        ("POST", "/api/v1/copy_weights", {"source_path": "tinker://BRID/weights/bobs", "destination_project_id": "p"}, None, 404, "not found"),
-        ("POST", "/api/v1/copy_weights", {"source_path": "tinker://RID/weights/expired", "destination_project_id": "p"}, None, 404, "not found"),
-        ("POST", "/api/v1/copy_weights", {"source_path": "tinker://RID/weights/final", "session_id": "BSID", "model_seq_id": 3}, None, 404, "unknown session_id"),
-        ("POST", "/api/v1/copy_weights", {"source_path": "tinker://RID/weights/final", "session_id": "SID", "model_seq_id": 0}, None, 409, "already exists"),
-        ("POST", "/api/v1/copy_weights", {"source_path": "tinker://RID/weights/final", "session_id": "SID", "model_seq_id": -1}, None, 400, "model_seq_id"),
+        (
+            "POST",
+            "/api/v1/copy_weights",
+            {"source_path": "tinker://RID/weights/final"},
+            None,
+            400,
+            "needs a destination_project_id",
+        ),
+        (
+            "POST",
+            "/api/v1/copy_weights",
+            {"source_path": "tinker://RID/weights/final", "destination_project_id": "  "},
+            None,
+            400,
+            "needs a destination_project_id",
+        ),
+        (
+            "POST",
+            "/api/v1/copy_weights",
+            {"source_path": "tinker://RID/weights/final", "session_id": "SID"},
+            None,
+            400,
+            "together",
+        ),
+        (
+            "POST",
+            "/api/v1/copy_weights",
+            {
+                "source_path": "tinker://RID/weights/final",
+                "session_id": "SID",
+                "model_seq_id": 3,
+                "destination_project_id": "p",
+            },
+            None,
+            400,
+            "not both",
+        ),  # fmt: skip
+        (
+            "POST",
+            "/api/v1/copy_weights",
+            {"source_path": "tinker://RID/weights/final", "destination_project_id": "p", "ttl_seconds": 5},
+            None,
+            400,
+            "between 3600",
+        ),
+        (
+            "POST",
+            "/api/v1/copy_weights",
+            {"source_path": "tinker://RID/weights/final", "destination_project_id": "p", "weights_access_token": "tok"},
+            None,
+            400,
+            "weights_access_token is not supported",
+        ),  # fmt: skip
+        (
+            "POST",
+            "/api/v1/copy_weights",
+            {"source_path": "tinker://RID/weights/../x", "destination_project_id": "p"},
+            None,
+            400,
+            "checkpoint path",
+        ),
+        (
+            "POST",
+            "/api/v1/copy_weights",
+            {"source_path": "tinker://BRID/weights/bobs", "destination_project_id": "p"},
+            None,
+            404,
+            "not found",
+        ),
+        (
+            "POST",
+            "/api/v1/copy_weights",
+            {"source_path": "tinker://RID/weights/expired", "destination_project_id": "p"},
+            None,
+            404,
+            "not found",
+        ),
+        (
+            "POST",
+            "/api/v1/copy_weights",
+            {"source_path": "tinker://RID/weights/final", "session_id": "BSID", "model_seq_id": 3},
+            None,
+            404,
+            "unknown session_id",
+        ),
+        (
+            "POST",
+            "/api/v1/copy_weights",
+            {"source_path": "tinker://RID/weights/final", "session_id": "SID", "model_seq_id": 0},
+            None,
+            409,
+            "already exists",
+        ),
+        (
+            "POST",
+            "/api/v1/copy_weights",
+            {"source_path": "tinker://RID/weights/final", "session_id": "SID", "model_seq_id": -1},
+            None,
+            400,
+            "model_seq_id",
+        ),
     ],
     "save_weights_external": [
-        ("POST", "/api/v1/save_weights_external", {"model_id": "RID", "path": "x"}, None, 400, "needs the model's next seq_id"),
-        ("POST", "/api/v1/save_weights_external", {"model_id": "nope:train:0", "seq_id": 9, "path": "x"}, None, 404, "unknown model_id"),
-        ("POST", "/api/v1/save_weights_external", {"model_id": "BRID", "seq_id": 9, "path": "x"}, None, 404, "unknown model_id"),
+        (
+            "POST",
+            "/api/v1/save_weights_external",
+            {"model_id": "RID", "path": "x"},
+            None,
+            400,
+            "needs the model's next seq_id",
+        ),
+        (
+            "POST",
+            "/api/v1/save_weights_external",
+            {"model_id": "nope:train:0", "seq_id": 9, "path": "x"},
+            None,
+            404,
+            "unknown model_id",
+        ),
+        (
+            "POST",
+            "/api/v1/save_weights_external",
+            {"model_id": "BRID", "seq_id": 9, "path": "x"},
+            None,
+            404,
+            "unknown model_id",
+        ),
         ("POST", "/api/v1/save_weights_external", {"model_id": "RID", "seq_id": 0, "path": "x"}, None, 400, "seq_id"),
-        ("POST", "/api/v1/save_weights_external", {"model_id": "RID", "seq_id": 10, "path": "../x"}, None, 400, "checkpoint name"),
+        (
+            "POST",
+            "/api/v1/save_weights_external",
+            {"model_id": "RID", "seq_id": 10, "path": "../x"},
+            None,
+            400,
+            "checkpoint name",
+        ),
         ("POST", "/api/v1/save_weights_external", {"model_id": "RID", "seq_id": 11}, None, 400, "needs a name"),
-        ("POST", "/api/v1/save_weights_external", {"model_id": "CRID", "seq_id": 1, "path": "x"}, None, 400, "holds a copy made by copy_weights"),
-        ("POST", "/api/v1/save_weights_external", {"model_id": "RID", "seq_id": 12, "path": "x",
-                                                   "age_encryption_recipients": ["age1xyz"]}, None, 400, "not supported"),  # fmt: skip
+        (
+            "POST",
+            "/api/v1/save_weights_external",
+            {"model_id": "CRID", "seq_id": 1, "path": "x"},
+            None,
+            400,
+            "holds a copy made by copy_weights",
+        ),
+        (
+            "POST",
+            "/api/v1/save_weights_external",
+            {"model_id": "RID", "seq_id": 12, "path": "x", "age_encryption_recipients": ["age1xyz"]},
+            None,
+            400,
+            "not supported",
+        ),  # fmt: skip
     ],
     "external_weights_urls": [
         ("GET", R + "/weights/final/external_weights_urls", None, None, 400, "only external_weights checkpoints"),
         ("GET", R + "/external_weights/missing/external_weights_urls", None, None, 404, "not found"),
-        ("GET", R.replace("RID", "BRID") + "/external_weights/bobs/external_weights_urls", None, None, 404, "not found"),
+        (
+            "GET",
+            R.replace("RID", "BRID") + "/external_weights/bobs/external_weights_urls",
+            None,
+            None,
+            404,
+            "not found",
+        ),
         ("GET", R + "/external_weights/e/download", None, None, 404, "no route"),
         ("GET", R + "/external_weights/e", None, None, 404, "no route"),
     ],
@@ -117,10 +294,31 @@ CASES = {
     ],
     "downloads": [
         ("GET", "/api/v1/downloads/alice/SHA/adapter_config.json", None, None, 403, "lacks its expires and signature"),
-        ("GET", "/api/v1/downloads/alice/SHA/adapter_config.json", None, {"expires": "soon", "signature": "ab"}, 403, "malformed"),
-        ("GET", "/api/v1/downloads/alice/SHA/adapter_config.json", None, {"expires": "9999999999", "signature": "ab" * 32}, 403, "signature does not match"),
+        (
+            "GET",
+            "/api/v1/downloads/alice/SHA/adapter_config.json",
+            None,
+            {"expires": "soon", "signature": "ab"},
+            403,
+            "malformed",
+        ),
+        (
+            "GET",
+            "/api/v1/downloads/alice/SHA/adapter_config.json",
+            None,
+            {"expires": "9999999999", "signature": "ab" * 32},
+            403,
+            "signature does not match",
+        ),
         ("GET", "/api/v1/downloads/bob/SHA/adapter_config.json", None, "SIGNED", 403, "signature does not match"),
-        ("GET", "/api/v1/downloads/..%2F..%2Fetc/SHA/passwd", None, {"expires": "9999999999", "signature": "ab"}, 404, "Not Found"),
+        (
+            "GET",
+            "/api/v1/downloads/..%2F..%2Fetc/SHA/passwd",
+            None,
+            {"expires": "9999999999", "signature": "ab"},
+            404,
+            "Not Found",
+        ),
     ],
 }
 
@@ -134,7 +332,11 @@ def setup_objects(rest) -> dict[str, str]:
     rest.save(run, "expired", expires_at=datetime.now(timezone.utc) - timedelta(seconds=1))
     rest.save(bob_run, "bobs", key=BOB, tenant="bob")
     rest.ok("POST", f"/api/v1/training_runs/{run}/checkpoints/weights/final/publish")
-    copy = rest.ok("POST", "/api/v1/copy_weights", {"source_path": f"tinker://{run}/weights/final", "session_id": session, "model_seq_id": 7})
+    copy = rest.ok(
+        "POST",
+        "/api/v1/copy_weights",
+        {"source_path": f"tinker://{run}/weights/final", "session_id": session, "model_seq_id": 7},
+    )
     copy_run = copy["tinker_path"][len("tinker://") :].split("/")[0]
     names = {"RID": run, "SID": session, "BRID": bob_run, "BSID": bob_session, "CRID": copy_run}
     return {**names, "SHA": export.files["adapter_config.json"].sha256}
@@ -152,7 +354,10 @@ def test_bad_input_is_refused_clearly_and_changes_nothing(rest, route):
     for method, path, body, params, status, fragment in CASES[route]:
         if params == "SIGNED":  # a valid signature for alice's blob, presented under bob's name
             secret = downloads.server_secret(rest.runtime.settings)
-            params = {"expires": "9999999999", "signature": downloads.signature(secret, "alice", names["SHA"], 9999999999)}
+            params = {
+                "expires": "9999999999",
+                "signature": downloads.signature(secret, "alice", names["SHA"], 9999999999),
+            }
         before, events, refusals = rest.snapshot(), recorded(rest), rest.count_events("access.lookup.refused")
         content = fill(json.dumps(body), names) if body is not None else None
         headers = {"X-API-Key": ALICE, "Content-Type": "application/json"}

@@ -56,7 +56,11 @@ def test_training_runs_are_listed_newest_first_with_their_newest_checkpoints(res
 
     sessions = rest.ok("GET", "/api/v1/sessions")
     assert sessions == {"sessions": [session]}
-    sampler = rest.ok("POST", "/api/v1/create_sampling_session", {"session_id": session, "sampling_session_seq_id": 0, "base_model": MODEL})
+    sampler = rest.ok(
+        "POST",
+        "/api/v1/create_sampling_session",
+        {"session_id": session, "sampling_session_seq_id": 0, "base_model": MODEL},
+    )
     got = rest.ok("GET", f"/api/v1/sessions/{session}")
     assert got == {"training_run_ids": [first, second], "sampler_ids": [sampler["sampling_session_id"]],
                    "user_metadata": {"purpose": "tests"}, "display_name": "run list"}  # fmt: skip
@@ -78,7 +82,12 @@ def test_checkpoint_lists_and_weights_info(rest):
     assert everything["cursor"] == {"offset": 0, "limit": 100, "total_count": 3}
     assert ids(rest.ok("GET", CKPTS, params={"limit": 2, "offset": 2})) == ["weights/a"]
     a = rest.ok("GET", f"{RUNS}/{run}/checkpoints")["checkpoints"][1]
-    assert a["user_metadata"] == {"step": "10"} and a["public"] is False and a["expires_at"] is None and a["size_bytes"] > 0
+    assert (
+        a["user_metadata"] == {"step": "10"}
+        and a["public"] is False
+        and a["expires_at"] is None
+        and a["size_bytes"] > 0
+    )
 
     info = rest.ok("POST", "/api/v1/weights_info", {"tinker_path": f"tinker://{run}/sampler_weights/b"})
     assert info == {"base_model": MODEL, "optimizer_config": {"type": "adamw"}, "is_lora": True, "lora_rank": 4,
@@ -91,7 +100,12 @@ def test_expired_checkpoints_are_hidden_at_once_and_the_reaper_removes_them_and_
     run = rest.model(session)
     shared = b"the same adapter bytes"
     keep = rest.save(run, "keep", files={"adapter_model.safetensors": shared})
-    gone = rest.save(run, "gone", files={"adapter_model.safetensors": shared, "optimizer.pt": b"only mine"}, expires_at=NOW() - timedelta(seconds=1))
+    gone = rest.save(
+        run,
+        "gone",
+        files={"adapter_model.safetensors": shared, "optimizer.pt": b"only mine"},
+        expires_at=NOW() - timedelta(seconds=1),
+    )
     later = rest.save(run, "later", kind="sampler_weights", expires_at=NOW() + timedelta(hours=2))
 
     # hidden from every read before any reaper has run
@@ -160,7 +174,11 @@ def test_a_deleted_checkpoint_keeps_the_blobs_a_sampling_session_still_uses(rest
     session = rest.session()
     run = rest.model(session)
     saved = rest.save(run, "serving", kind="sampler_weights")
-    rest.ok("POST", "/api/v1/create_sampling_session", {"session_id": session, "sampling_session_seq_id": 0, "model_path": saved.tinker_path})
+    rest.ok(
+        "POST",
+        "/api/v1/create_sampling_session",
+        {"session_id": session, "sampling_session_seq_id": 0, "model_path": saved.tinker_path},
+    )
     rest.ok("DELETE", f"{RUNS}/{run}/checkpoints/sampler_weights/serving")
     assert all(rest.blob_exists("alice", ref) for ref in saved.files.values())
 
@@ -179,7 +197,11 @@ def test_copy_weights_into_a_session_slot_and_into_a_project(rest):
     [copy] = rest.ok("GET", f"{RUNS}/{copy_run}/checkpoints")["checkpoints"]
     assert copy["user_metadata"] == {"note": "best"} and copy["public"] is False and copy["expires_at"] is not None
     new_run = rest.ok("GET", f"{RUNS}/{copy_run}")
-    assert new_run["base_model"] == MODEL and new_run["lora_rank"] == 4 and new_run["user_metadata"] == {"renderer_name": "qwen3"}
+    assert (
+        new_run["base_model"] == MODEL
+        and new_run["lora_rank"] == 4
+        and new_run["user_metadata"] == {"renderer_name": "qwen3"}
+    )
     assert new_run["last_checkpoint"]["tinker_path"] == copied["tinker_path"]
     assert copy_run in rest.ok("GET", f"/api/v1/sessions/{session}")["training_run_ids"]
     # the slot is taken: create_model there, or another copy there, is a conflict
@@ -189,8 +211,18 @@ def test_copy_weights_into_a_session_slot_and_into_a_project(rest):
 
     # into a project: a new session holds the copy; the idempotency key makes retries safe
     headers = {"X-Idempotency-Key": "copy-attempt-1"}
-    project_copy = rest.ok("POST", "/api/v1/copy_weights", {"source_path": source.tinker_path, "destination_project_id": "archive"}, headers=headers)
-    again = rest.ok("POST", "/api/v1/copy_weights", {"source_path": source.tinker_path, "destination_project_id": "archive"}, headers=headers)
+    project_copy = rest.ok(
+        "POST",
+        "/api/v1/copy_weights",
+        {"source_path": source.tinker_path, "destination_project_id": "archive"},
+        headers=headers,
+    )
+    again = rest.ok(
+        "POST",
+        "/api/v1/copy_weights",
+        {"source_path": source.tinker_path, "destination_project_id": "archive"},
+        headers=headers,
+    )
     assert again == project_copy and rest.count_events("checkpoint.copy") == 2
     archive_run = project_copy["tinker_path"][len("tinker://") :].split("/")[0]
     assert archive_run.endswith(":train:0") and archive_run != run
@@ -231,7 +263,9 @@ def test_signed_download_links(rest):
     assert_clear_4xx(rest.client.get(non_ascii), 403, "signature does not match")
     tampered_expiry = url.replace(f"expires={query['expires']}", f"expires={int(query['expires']) + 3600}")
     assert_clear_4xx(rest.client.get(tampered_expiry), 403, "signature does not match")
-    other_blob = url.replace(export.files["adapter_config.json"].sha256, export.files["adapter_model.safetensors"].sha256)
+    other_blob = url.replace(
+        export.files["adapter_config.json"].sha256, export.files["adapter_model.safetensors"].sha256
+    )
     assert_clear_4xx(rest.client.get(other_blob), 403, "signature does not match")
     assert_clear_4xx(rest.client.get(parts.path), 403, "lacks its expires and signature")
     secret = downloads.server_secret(rest.runtime.settings)
@@ -257,14 +291,27 @@ def test_signed_download_links(rest):
 def test_save_weights_external_is_a_sequenced_request(rest):
     session = rest.session()
     run = rest.model(session)
-    future = rest.ok("POST", "/api/v1/save_weights_external", {"model_id": run, "seq_id": 1, "path": "final", "ttl_seconds": 3600})
+    future = rest.ok(
+        "POST", "/api/v1/save_weights_external", {"model_id": run, "seq_id": 1, "path": "final", "ttl_seconds": 3600}
+    )
     assert future["model_id"] == run and future["request_id"]
     event = next(e for _, e in rest.runtime.store.iterate() if e.type.endswith("save_weights_external.requested.v1"))
     assert (event.data.model_id, event.data.seq_id, event.data.name, event.data.ttl_seconds) == (run, 1, "final", 3600)
     # the same body again is a retry: the first future comes back
-    assert rest.ok("POST", "/api/v1/save_weights_external", {"model_id": run, "seq_id": 1, "path": "final", "ttl_seconds": 3600}) == future
+    assert (
+        rest.ok(
+            "POST",
+            "/api/v1/save_weights_external",
+            {"model_id": run, "seq_id": 1, "path": "final", "ttl_seconds": 3600},
+        )
+        == future
+    )
     # a refused export still uses its seq_id, so the trainer never waits for it
-    refused = rest.request("POST", "/api/v1/save_weights_external", {"model_id": run, "seq_id": 2, "path": "x", "age_encryption_recipients": ["age1abc"]})
+    refused = rest.request(
+        "POST",
+        "/api/v1/save_weights_external",
+        {"model_id": run, "seq_id": 2, "path": "x", "age_encryption_recipients": ["age1abc"]},
+    )
     assert_clear_4xx(refused, 400, "age_encryption_recipients is not supported")
     assert rest.count_events("seq.skipped") == 1
 
@@ -278,8 +325,15 @@ def test_replaying_the_events_rebuilds_the_same_runs_checkpoints_and_sessions(re
     rest.save(run, "c", kind="external_weights")
     rest.ok("PUT", f"{RUNS}/{run}/checkpoints/weights/a/ttl", {"ttl_seconds": 3600})
     rest.ok("POST", f"{RUNS}/{run}/checkpoints/weights/a/publish")
-    rest.ok("POST", "/api/v1/copy_weights", {"source_path": source.tinker_path, "destination_project_id": "p"}, headers={"X-Idempotency-Key": "k"})
-    rest.ok("POST", "/api/v1/copy_weights", {"source_path": source.tinker_path, "session_id": session, "model_seq_id": 2})
+    rest.ok(
+        "POST",
+        "/api/v1/copy_weights",
+        {"source_path": source.tinker_path, "destination_project_id": "p"},
+        headers={"X-Idempotency-Key": "k"},
+    )
+    rest.ok(
+        "POST", "/api/v1/copy_weights", {"source_path": source.tinker_path, "session_id": session, "model_seq_id": 2}
+    )
     rest.ok("DELETE", f"{RUNS}/{run}/checkpoints/external_weights/c")
     reap_expired(rest.ctx)
 

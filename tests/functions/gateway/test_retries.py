@@ -38,14 +38,20 @@ def count(runtime, type_):
 def resend(client, path, **kwargs):
     """Twice, each with its own idempotency key, as the SDK's holder-level retry does."""
     headers = kwargs.pop("headers", {})
-    return tuple(client.post(path, headers={**headers, "X-Idempotency-Key": f"stainless-python-retry-{n}"}, **kwargs) for n in (1, 2))
+    return tuple(
+        client.post(path, headers={**headers, "X-Idempotency-Key": f"stainless-python-retry-{n}"}, **kwargs)
+        for n in (1, 2)
+    )
 
 
 @pytest.mark.parametrize("encoding", ["protobuf", "json"])
 def test_a_resent_forward_backward_gets_its_first_future_and_another_body_a_409(api, encoding):
     client, runtime, _session, model_id = api
     if encoding == "protobuf":
-        same, other = dict(content=fb_body(model_id, seq_id=1), headers=PROTO), dict(content=fb_body(model_id, seq_id=1, weights=(1.0, 0.0, 1.0)), headers=PROTO)
+        same, other = (
+            dict(content=fb_body(model_id, seq_id=1), headers=PROTO),
+            dict(content=fb_body(model_id, seq_id=1, weights=(1.0, 0.0, 1.0)), headers=PROTO),
+        )
     else:
         same, other = dict(json=json_body(model_id, 1)), dict(json=json_body(model_id, 1, loss_fn_config={}))
     first, second = resend(client, "/api/v1/forward_backward", **same)
@@ -59,12 +65,19 @@ def test_a_resent_forward_backward_gets_its_first_future_and_another_body_a_409(
 
 def test_a_resent_optim_step_and_a_resent_sample(api):
     client, runtime, session, model_id = api
-    first, second = resend(client, "/api/v1/optim_step", json={"model_id": model_id, "seq_id": 1, "adam_params": {"learning_rate": 0.01}})
+    first, second = resend(
+        client, "/api/v1/optim_step", json={"model_id": model_id, "seq_id": 1, "adam_params": {"learning_rate": 0.01}}
+    )
     assert second.json() == first.json() and count(runtime, te.OPTIM_STEP["requested"]) == 1
-    conflict = client.post("/api/v1/optim_step", json={"model_id": model_id, "seq_id": 1, "adam_params": {"learning_rate": 0.02}})
+    conflict = client.post(
+        "/api/v1/optim_step", json={"model_id": model_id, "seq_id": 1, "adam_params": {"learning_rate": 0.02}}
+    )
     assert conflict.status_code == 409
 
-    sampler = client.post("/api/v1/create_sampling_session", json={"session_id": session, "sampling_session_seq_id": 0, "base_model": MODEL}).json()
+    sampler = client.post(
+        "/api/v1/create_sampling_session",
+        json={"session_id": session, "sampling_session_seq_id": 0, "base_model": MODEL},
+    ).json()
     sample = {"sampling_session_id": sampler["sampling_session_id"], "seq_id": 4, "num_samples": 2,
               "prompt": {"chunks": [{"tokens": [1, 2, 3], "type": "encoded_text"}]}, "sampling_params": {"max_tokens": 3}}  # fmt: skip
     first, second = resend(client, "/api/v1/asample", json=sample)

@@ -23,7 +23,11 @@ def rig(tmp_path, tiny_files):
 
 def poll(rig, cursor=0, timeout=None, clone=0, key=None, sampling_session_id=None):
     body = {
-        "target": {"type": "sampling_session", "sampling_session_id": sampling_session_id or rig.sampling_session_id, "cloned_sampler_id": clone},
+        "target": {
+            "type": "sampling_session",
+            "sampling_session_id": sampling_session_id or rig.sampling_session_id,
+            "cloned_sampler_id": clone,
+        },
         "prev_cursor": cursor,
         "retrieved_request_ids": [],
     }

@@ -25,7 +25,9 @@ pytestmark = pytest.mark.postgres
 def gateway(tmp_path, tiny_files, pg_url):
     where = urlsplit(pg_url.replace("postgresql+psycopg://", "postgresql://", 1))
     proxy = TcpProxy(where.hostname, where.port or 5432)
-    runtime = Runtime(Settings(data_dir=tmp_path, models=[MODEL], api_keys=[f"alice={ALICE}"], database_url=proxy.url_for(pg_url)))
+    runtime = Runtime(
+        Settings(data_dir=tmp_path, models=[MODEL], api_keys=[f"alice={ALICE}"], database_url=proxy.url_for(pg_url))
+    )
     try:
         with TestClient(create_app(runtime.gateway_context())) as client:
             client.headers["X-API-Key"] = ALICE

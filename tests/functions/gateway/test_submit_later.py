@@ -23,12 +23,13 @@ from functions.gateway.routes.training import _optim_step
 from functions.gateway.submit import submitting
 from functions.runtime import Runtime
 from openrl_core.settings import Settings
-
 from tests.functions.gateway.test_fast_lane import ALICE, MODEL, count, model_of, post
 
 
 def rig_for(tmp_path, **settings):
-    runtime = Runtime(Settings(data_dir=tmp_path, models=[MODEL], api_keys=[f"alice={ALICE}"], gateway_threads=2, **settings))
+    runtime = Runtime(
+        Settings(data_dir=tmp_path, models=[MODEL], api_keys=[f"alice={ALICE}"], gateway_threads=2, **settings)
+    )
     ctx = runtime.gateway_context()
     return runtime, ctx, create_app(ctx)
 
@@ -117,7 +118,9 @@ def test_duplicates_and_conflicts_answer_through_the_loop_as_in_a_thread(rig):
     again = post(client, "/api/v1/optim_step", step)
     assert again.status_code == 200 and again.json() == first.json()  # the retry gets the first future
     other = post(client, "/api/v1/optim_step", {**step, "adam_params": {"learning_rate": 0.5}})
-    assert other.status_code == 409 and "already submitted with a different body" in other.text  # the store's Conflict, raised on the loop
+    assert (
+        other.status_code == 409 and "already submitted with a different body" in other.text
+    )  # the store's Conflict, raised on the loop
     assert count(runtime, "optim_step.requested") == 1
 
 
@@ -187,7 +190,9 @@ def record_read_threads(ctx) -> list[str]:
 
 
 @pytest.mark.parametrize("inline_bytes, in_a_gateway_thread", [(64 * 1024, False), (0, True), (8, True)])
-def test_a_small_submission_on_sqlite_runs_on_the_event_loop_and_a_large_one_in_a_thread(tmp_path, tiny_files, inline_bytes, in_a_gateway_thread):
+def test_a_small_submission_on_sqlite_runs_on_the_event_loop_and_a_large_one_in_a_thread(
+    tmp_path, tiny_files, inline_bytes, in_a_gateway_thread
+):
     """`gateway_inline_body_bytes`: up to that size a submission's check and queueing run on
     the event loop (no hop to a thread); 0 turns it off, and a body over it goes to a thread."""
     runtime, ctx, app = rig_for(tmp_path, gateway_inline_body_bytes=inline_bytes)
@@ -206,7 +211,9 @@ def test_a_quota_tenants_submission_and_any_on_postgresql_stay_in_a_thread(tmp_p
     """A quota tenant's submission waits for its append under the tenant's lock, and a
     PostgreSQL read is a network round trip (which hangs while the database is away): neither
     runs on the loop."""
-    settings = {"quota_requests_in_flight": 100} if case == "quotas" else {"database_url": request.getfixturevalue("pg_url")}
+    settings = (
+        {"quota_requests_in_flight": 100} if case == "quotas" else {"database_url": request.getfixturevalue("pg_url")}
+    )
     runtime, ctx, app = rig_for(tmp_path, **settings)
     with TestClient(app) as client:
         model_id = model_of(client)
@@ -234,7 +241,9 @@ def test_a_refusal_is_answered_once_its_skip_is_stored_and_holds_no_thread(tmp_p
                 assert batches == [["ai.openrl.training.seq.skipped.v1"]]
                 time.sleep(0.1)
                 assert not refused.done()  # not answered before its skip is written
-                assert len(names) == 1 and not names[0].startswith("gateway")  # checked on the loop, which waits for nothing:
+                assert len(names) == 1 and not names[0].startswith(
+                    "gateway"
+                )  # checked on the loop, which waits for nothing:
                 assert pool.submit(client.get, "/api/v1/healthz").result(5).status_code == 200  # it answers meanwhile
             finally:
                 gate.set()
@@ -242,4 +251,3 @@ def test_a_refusal_is_answered_once_its_skip_is_stored_and_holds_no_thread(tmp_p
     assert answer.status_code == 400 and "sgd" in answer.json()["detail"]
     assert count(runtime, "seq.skipped") == 1
     runtime.close()
-

@@ -41,7 +41,10 @@ NO_OBJECT_IDS = {
     ("GET", "/api/openrl/v1/runs"): "a list of the caller's own (test_lists_hold_only_the_callers_objects)",
     ("GET", "/api/openrl/v1/sessions"): "a list of the caller's own (test_lists_hold_only_the_callers_objects)",
     ("GET", "/v1/models"): "the catalogue and a list of the caller's own (test_lists_hold_only_the_callers_objects)",
-    ("GET", "/api/openrl/v1/timeline"): "no id; other tenants' entries are redacted (tests/functions/gateway/test_dashboard_api.py)",
+    (
+        "GET",
+        "/api/openrl/v1/timeline",
+    ): "no id; other tenants' entries are redacted (tests/functions/gateway/test_dashboard_api.py)",
     ("GET", "/dashboard"): "a static page that holds no data",
     ("GET", "/dashboard/{name}"): "the page's static script and stylesheet",
 }
@@ -51,7 +54,11 @@ NOT_OFFERED = {route.path for route in unsupported.router.routes}
 CKPT = "/api/v1/training_runs/{run_id}/checkpoints/{rest}"
 COMPLETION = {"prompt": "hello", "max_tokens": 2}
 CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
-SAMPLE_BODY = {"num_samples": 1, "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]}, "sampling_params": {"max_tokens": 4}}
+SAMPLE_BODY = {
+    "num_samples": 1,
+    "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]},
+    "sampling_params": {"max_tokens": 4},
+}
 
 
 def cases(i: dict[str, str], bob: dict[str, str], seq: Callable[[], int]) -> dict[tuple[str, str], list[Case]]:
@@ -60,21 +67,39 @@ def cases(i: dict[str, str], bob: dict[str, str], seq: Callable[[], int]) -> dic
     fb_input = {"data": [], "loss_fn": "cross_entropy"}
     return {
         ("POST", "/api/v1/create_model"): [
-            ("POST", "/api/v1/create_model", {"session_id": i["session"], "model_seq_id": 5, "base_model": MODEL, "lora_config": {"rank": 4}})
+            (
+                "POST",
+                "/api/v1/create_model",
+                {"session_id": i["session"], "model_seq_id": 5, "base_model": MODEL, "lora_config": {"rank": 4}},
+            )
         ],
         ("POST", "/api/v1/get_info"): [("POST", "/api/v1/get_info", {"model_id": i["model"]})],
         ("POST", "/api/v1/load_weights"): [
             ("POST", "/api/v1/load_weights", {"model_id": i["model"], "seq_id": 1, "path": i["weights"]}),
             ("POST", "/api/v1/load_weights", {"model_id": bob["model"], "seq_id": seq(), "path": i["weights"]}),
-            ("POST", "/api/v1/load_weights", {"session_id": bob["session"], "model_seq_id": seq(), "path": i["weights"]}),
+            (
+                "POST",
+                "/api/v1/load_weights",
+                {"session_id": bob["session"], "model_seq_id": seq(), "path": i["weights"]},
+            ),
             ("POST", "/api/v1/load_weights", {"session_id": i["session"], "model_seq_id": 7, "path": bob["weights"]}),
         ],
         ("POST", "/api/v1/forward_backward"): [
-            ("POST", "/api/v1/forward_backward", {"model_id": i["model"], "seq_id": 1, "forward_backward_input": fb_input})
+            (
+                "POST",
+                "/api/v1/forward_backward",
+                {"model_id": i["model"], "seq_id": 1, "forward_backward_input": fb_input},
+            )
         ],
-        ("POST", "/api/v1/forward"): [("POST", "/api/v1/forward", {"model_id": i["model"], "seq_id": 1, "forward_input": fb_input})],
-        ("POST", "/api/v1/optim_step"): [("POST", "/api/v1/optim_step", {"model_id": i["model"], "seq_id": 1, "adam_params": {}})],
-        ("POST", "/api/v1/save_weights"): [("POST", "/api/v1/save_weights", {"model_id": i["model"], "seq_id": 1, "path": "x"})],
+        ("POST", "/api/v1/forward"): [
+            ("POST", "/api/v1/forward", {"model_id": i["model"], "seq_id": 1, "forward_input": fb_input})
+        ],
+        ("POST", "/api/v1/optim_step"): [
+            ("POST", "/api/v1/optim_step", {"model_id": i["model"], "seq_id": 1, "adam_params": {}})
+        ],
+        ("POST", "/api/v1/save_weights"): [
+            ("POST", "/api/v1/save_weights", {"model_id": i["model"], "seq_id": 1, "path": "x"})
+        ],
         ("POST", "/api/v1/save_weights_for_sampler"): [
             ("POST", "/api/v1/save_weights_for_sampler", {"model_id": i["model"], "seq_id": 1, "path": "x"})
         ],
@@ -82,11 +107,21 @@ def cases(i: dict[str, str], bob: dict[str, str], seq: Callable[[], int]) -> dic
             ("POST", "/api/v1/save_weights_external", {"model_id": i["model"], "seq_id": 1, "path": "x"})
         ],
         ("POST", "/api/v1/create_sampling_session"): [
-            ("POST", "/api/v1/create_sampling_session", {"session_id": i["session"], "sampling_session_seq_id": 3, "base_model": MODEL}),
-            ("POST", "/api/v1/create_sampling_session", {"session_id": bob["session"], "sampling_session_seq_id": seq(), "model_path": i["sampler_weights"]}),
+            (
+                "POST",
+                "/api/v1/create_sampling_session",
+                {"session_id": i["session"], "sampling_session_seq_id": 3, "base_model": MODEL},
+            ),
+            (
+                "POST",
+                "/api/v1/create_sampling_session",
+                {"session_id": bob["session"], "sampling_session_seq_id": seq(), "model_path": i["sampler_weights"]},
+            ),
         ],
         ("GET", "/api/v1/samplers/{sampling_session_id}"): [("GET", f"/api/v1/samplers/{i['sampler']}", None)],
-        ("POST", "/api/v1/asample"): [("POST", "/api/v1/asample", {"sampling_session_id": i["sampler"], **SAMPLE_BODY})],
+        ("POST", "/api/v1/asample"): [
+            ("POST", "/api/v1/asample", {"sampling_session_id": i["sampler"], **SAMPLE_BODY})
+        ],
         ("POST", "/api/v1/retrieve_future"): [
             ("POST", "/api/v1/retrieve_future", {"request_id": i["future"]}),
             ("POST", "/api/v1/retrieve_future", {"request_id": i["sample"]}),
@@ -101,39 +136,65 @@ def cases(i: dict[str, str], bob: dict[str, str], seq: Callable[[], int]) -> dic
         ("POST", "/api/v1/session_heartbeat"): [("POST", "/api/v1/session_heartbeat", {"session_id": i["session"]})],
         ("POST", "/api/v1/sessions/{session_id}/finish"): [("POST", f"/api/v1/sessions/{i['session']}/finish", {})],
         ("GET", "/api/v1/sessions/{session_id}"): [("GET", f"/api/v1/sessions/{i['session']}", None)],
-        ("PUT", "/api/v1/sessions/{session_id}/project"): [("PUT", f"/api/v1/sessions/{i['session']}/project", {"project_id": "p"})],
-        ("GET", "/api/v1/sessions/{session_id}/trace_export"): [("GET", f"/api/v1/sessions/{i['session']}/trace_export", None)],
+        ("PUT", "/api/v1/sessions/{session_id}/project"): [
+            ("PUT", f"/api/v1/sessions/{i['session']}/project", {"project_id": "p"})
+        ],
+        ("GET", "/api/v1/sessions/{session_id}/trace_export"): [
+            ("GET", f"/api/v1/sessions/{i['session']}/trace_export", None)
+        ],
         ("POST", "/api/v1/telemetry"): [("POST", "/api/v1/telemetry", {"session_id": i["session"], "events": []})],
         ("GET", "/api/v1/training_runs/{run_id}"): [("GET", f"/api/v1/training_runs/{i['model']}", None)],
-        ("GET", "/api/v1/training_runs/{run_id}/checkpoints"): [("GET", f"/api/v1/training_runs/{i['model']}/checkpoints", None)],
-        ("GET", CKPT): [("GET", f"/api/v1/training_runs/{i['model']}/checkpoints/external_weights/e1/external_weights_urls", None)],
+        ("GET", "/api/v1/training_runs/{run_id}/checkpoints"): [
+            ("GET", f"/api/v1/training_runs/{i['model']}/checkpoints", None)
+        ],
+        ("GET", CKPT): [
+            ("GET", f"/api/v1/training_runs/{i['model']}/checkpoints/external_weights/e1/external_weights_urls", None)
+        ],
         ("DELETE", CKPT): [
             ("DELETE", f"/api/v1/training_runs/{i['model']}/checkpoints/weights/w1", None),
             ("DELETE", f"/api/v1/training_runs/{i['model']}/checkpoints/weights/w1/publish", None),
         ],
         ("POST", CKPT): [("POST", f"/api/v1/training_runs/{i['model']}/checkpoints/weights/w1/publish", None)],
-        ("PUT", CKPT): [("PUT", f"/api/v1/training_runs/{i['model']}/checkpoints/weights/w1/ttl", {"ttl_seconds": 7200})],
+        ("PUT", CKPT): [
+            ("PUT", f"/api/v1/training_runs/{i['model']}/checkpoints/weights/w1/ttl", {"ttl_seconds": 7200})
+        ],
         ("POST", "/api/v1/weights_info"): [("POST", "/api/v1/weights_info", {"tinker_path": i["weights"]})],
         ("POST", "/api/v1/copy_weights"): [
             ("POST", "/api/v1/copy_weights", {"source_path": i["weights"], "destination_project_id": "p"}),
-            ("POST", "/api/v1/copy_weights", {"source_path": i["weights"], "session_id": bob["session"], "model_seq_id": seq()}),
-            ("POST", "/api/v1/copy_weights", {"source_path": bob["weights"], "session_id": i["session"], "model_seq_id": 9}),
+            (
+                "POST",
+                "/api/v1/copy_weights",
+                {"source_path": i["weights"], "session_id": bob["session"], "model_seq_id": seq()},
+            ),
+            (
+                "POST",
+                "/api/v1/copy_weights",
+                {"source_path": bob["weights"], "session_id": i["session"], "model_seq_id": 9},
+            ),
         ],
         # OpenRL's own API, the dashboard's and the fork's routes (the rest are below).
         ("GET", f"{OPENRL}/runs/{{run_id}}/events"): [("GET", f"{OPENRL}/runs/{i['model']}/events", None)],
         ("GET", f"{OPENRL}/runs/{{run_id}}/sampling"): [("GET", f"{OPENRL}/runs/{i['model']}/sampling", None)],
-        ("POST", "/api/openrl/v1/runs/{run_id}/fork"): [("POST", f"/api/openrl/v1/runs/{i['model']}/fork", {"step": 0, "wait_seconds": 0})],
+        ("POST", "/api/openrl/v1/runs/{run_id}/fork"): [
+            ("POST", f"/api/openrl/v1/runs/{i['model']}/fork", {"step": 0, "wait_seconds": 0})
+        ],
         # A download link is its own authorisation: bob's valid link moved onto the other
         # tenant's name or blob, and the other tenant's blob under bob's signature.
         ("GET", "/api/v1/downloads/{tenant}/{sha256}/{filename}"): [
             ("GET", bob["link"].replace("/downloads/bob/", f"/downloads/{i['tenant']}/"), None),
             ("GET", bob["link"].replace(bob["sha"], i["sha"]), None),
-            ("GET", bob["link"].replace(f"/downloads/bob/{bob['sha']}/", f"/downloads/{i['tenant']}/{i['sha']}/"), None),
+            (
+                "GET",
+                bob["link"].replace(f"/downloads/bob/{bob['sha']}/", f"/downloads/{i['tenant']}/{i['sha']}/"),
+                None,
+            ),
         ],
         # OpenRL's own API: a tenant's key sees its own runs only (the operator's: test_the_operator_key_*).
         ("GET", OPENRL + "/runs/{run_id}"): [("GET", f"{OPENRL}/runs/{i['model']}", None)],
         ("GET", OPENRL + "/runs/{run_id}/metrics"): [("GET", f"{OPENRL}/runs/{i['model']}/metrics", None)],
-        ("POST", OPENRL + "/runs/{run_id}/cancel"): [("POST", f"{OPENRL}/runs/{i['model']}/cancel", {"reason": "probe"})],
+        ("POST", OPENRL + "/runs/{run_id}/cancel"): [
+            ("POST", f"{OPENRL}/runs/{i['model']}/cancel", {"reason": "probe"})
+        ],
         ("GET", OPENRL + "/checkpoints"): [("GET", f"{OPENRL}/checkpoints?run_id={i['model']}", None)],
         ("GET", OPENRL + "/checkpoints/archive"): [
             ("GET", f"{OPENRL}/checkpoints/archive?path={i['weights']}", None),
@@ -197,10 +258,16 @@ def alice_objects(rest) -> dict[str, str]:
     session = rest.session()
     model = rest.model(session)
     weights = rest.save(model, "w1")
-    rest.ok("POST", f"/api/v1/training_runs/{model}/checkpoints/weights/w1/publish")  # public is not shared across tenants
+    rest.ok(
+        "POST", f"/api/v1/training_runs/{model}/checkpoints/weights/w1/publish"
+    )  # public is not shared across tenants
     sampler_weights = rest.save(model, "s1", kind="sampler_weights")
     export = rest.save(model, "e1", kind="external_weights", files={"adapter_config.json": b'{"alice": 1}'})
-    sampler = rest.ok("POST", "/api/v1/create_sampling_session", {"session_id": session, "sampling_session_seq_id": 0, "model_path": sampler_weights.tinker_path})
+    sampler = rest.ok(
+        "POST",
+        "/api/v1/create_sampling_session",
+        {"session_id": session, "sampling_session_seq_id": 0, "model_path": sampler_weights.tinker_path},
+    )
     sample = rest.ok("POST", "/api/v1/asample", {"sampling_session_id": sampler["sampling_session_id"], **SAMPLE_BODY})
     with rest.runtime.engine.connect() as conn:
         future = conn.execute(
@@ -228,8 +295,12 @@ def bob_objects(rest) -> dict[str, str]:
     session = rest.session(key=BOB)
     model = rest.model(session, key=BOB)
     weights = rest.save(model, "bw", key=BOB, tenant="bob")
-    export = rest.save(model, "be", kind="external_weights", key=BOB, tenant="bob", files={"adapter_config.json": b'{"bob": 1}'})
-    urls = rest.ok("GET", f"/api/v1/training_runs/{model}/checkpoints/{export.checkpoint_id}/external_weights_urls", key=BOB)["urls"]
+    export = rest.save(
+        model, "be", kind="external_weights", key=BOB, tenant="bob", files={"adapter_config.json": b'{"bob": 1}'}
+    )
+    urls = rest.ok(
+        "GET", f"/api/v1/training_runs/{model}/checkpoints/{export.checkpoint_id}/external_weights_urls", key=BOB
+    )["urls"]
     link = urls["adapter_config.json"]
     assert rest.client.get(link).status_code == 200  # the link itself is good
     split = urlsplit(link)
@@ -260,7 +331,9 @@ def test_every_route_answers_another_tenants_ids_as_if_they_did_not_exist(rest, 
 
     routes = app_routes(rest.client.app)
     uncovered = routes - set(foreign_cases) - set(NO_OBJECT_IDS)
-    assert not uncovered, f"routes with no tenant-isolation case (add one, or say in NO_OBJECT_IDS why none is needed): {sorted(uncovered)}"
+    assert not uncovered, (
+        f"routes with no tenant-isolation case (add one, or say in NO_OBJECT_IDS why none is needed): {sorted(uncovered)}"
+    )
     assert not set(foreign_cases) - routes, "cases for routes the app no longer has"
 
     before = alice_rows(rest)
@@ -271,7 +344,9 @@ def test_every_route_answers_another_tenants_ids_as_if_they_did_not_exist(rest, 
             foreign = as_bob(rest, method, path, body)
             missing = as_bob(rest, method, ghost_path, ghost_body)
             what = f"{method} {anonymised(path, alice)} {anonymised(json.dumps(body), alice)}"
-            assert foreign.status_code == missing.status_code, f"{what}: {foreign.status_code} {foreign.text} / {missing.status_code} {missing.text}"
+            assert foreign.status_code == missing.status_code, (
+                f"{what}: {foreign.status_code} {foreign.text} / {missing.status_code} {missing.text}"
+            )
             assert anonymised(foreign.text, alice) == anonymised(missing.text, ghost), what
             assert foreign.status_code != 200 or route[1] == "/api/v1/telemetry", f"{what} succeeded: {foreign.text}"
             if foreign.status_code == 404 and route[1] not in NOT_OFFERED:
@@ -289,7 +364,11 @@ def test_every_route_answers_another_tenants_ids_as_if_they_did_not_exist(rest, 
     while consumer.run_once(timeout=0.2):
         pass
     consumer.close()
-    refused = [entry for entry in read_entries(tmp_path / "audit", "bob") if entry["type"] == "ai.openrl.access.lookup.refused.v1"]
+    refused = [
+        entry
+        for entry in read_entries(tmp_path / "audit", "bob")
+        if entry["type"] == "ai.openrl.access.lookup.refused.v1"
+    ]
     assert not any(entry["type"].endswith("lookup.refused.v1") for entry in read_entries(tmp_path / "audit", "alice"))
     probes = [entry for entry in refused if alice["model"] in json.dumps(entry) or alice["session"] in json.dumps(entry)
               or alice["future"] in json.dumps(entry) or alice["sample"] in json.dumps(entry)]  # fmt: skip
@@ -311,7 +390,9 @@ def test_lists_hold_only_the_callers_objects(rest):
         assert not any(value in response.text for name, value in alice.items() if name != "tenant"), path
         assert '"alice"' not in response.text, path
     assert rest.ok("GET", "/api/v1/sessions", key=BOB)["sessions"] == [bob["session"]]
-    assert [run["training_run_id"] for run in rest.ok("GET", "/api/v1/training_runs", key=BOB)["training_runs"]] == [bob["model"]]
+    assert [run["training_run_id"] for run in rest.ok("GET", "/api/v1/training_runs", key=BOB)["training_runs"]] == [
+        bob["model"]
+    ]
     assert [run["run_id"] for run in rest.ok("GET", f"{OPENRL}/runs", key=BOB)["runs"]] == [bob["model"]]
     assert [s["session_id"] for s in rest.ok("GET", f"{OPENRL}/sessions", key=BOB)["sessions"]] == [bob["session"]]
     assert {c["run_id"] for c in rest.ok("GET", f"{OPENRL}/checkpoints", key=BOB)["checkpoints"]} == {bob["model"]}
@@ -324,7 +405,10 @@ def test_the_operator_key_sees_every_tenant_on_the_openrl_api_and_nothing_elsewh
     alice, bob = alice_objects(rest), bob_objects(rest)
     runs = rest.ok("GET", f"{OPENRL}/runs", key=OPERATOR)["runs"]
     assert {(run["run_id"], run["tenant"]) for run in runs} == {(alice["model"], "alice"), (bob["model"], "bob")}
-    assert {s["session_id"] for s in rest.ok("GET", f"{OPENRL}/sessions", key=OPERATOR)["sessions"]} == {alice["session"], bob["session"]}
+    assert {s["session_id"] for s in rest.ok("GET", f"{OPENRL}/sessions", key=OPERATOR)["sessions"]} == {
+        alice["session"],
+        bob["session"],
+    }
     assert rest.ok("GET", f"{OPENRL}/runs/{alice['model']}", key=OPERATOR)["run"]["tenant"] == "alice"
     assert rest.ok("GET", f"{OPENRL}/checkpoints?run_id={alice['model']}", key=OPERATOR)["checkpoints"]
     archive = rest.request("GET", f"{OPENRL}/checkpoints/archive?path={alice['weights']}", key=OPERATOR)
@@ -347,7 +431,9 @@ def test_the_operator_key_sees_every_tenant_on_the_openrl_api_and_nothing_elsewh
                 assert "unknown API key" in detail_of(response), response.text
                 checked += 1
     assert checked >= 40
-    assert rest.request("GET", "/v1/models", key=None, headers={"Authorization": f"Bearer {OPERATOR}"}).status_code == 401
+    assert (
+        rest.request("GET", "/v1/models", key=None, headers={"Authorization": f"Bearer {OPERATOR}"}).status_code == 401
+    )
     assert rest.request("POST", "/api/v1/create_session", {"tags": []}, key=OPERATOR).status_code == 401
 
 

@@ -107,7 +107,9 @@ def test_counters_histograms_depth_and_tokens_are_exact(rig, tmp_path):
         assert value(m, "openrl_request_latency_seconds_sum", **labels) == pytest.approx(seconds, abs=1e-6)
         for bound in BUCKETS:
             le = repr(bound)
-            assert value(m, "openrl_request_latency_seconds_bucket", **labels, le=le) == (1 if seconds <= bound else 0), le
+            assert value(m, "openrl_request_latency_seconds_bucket", **labels, le=le) == (
+                1 if seconds <= bound else 0
+            ), le
         assert value(m, "openrl_request_latency_seconds_bucket", **labels, le="+Inf") == 1
 
     # Trained tokens: the completed forward_backward's 5 + 7 targets; not the failed one,
@@ -302,8 +304,8 @@ def test_a_finish_whose_request_never_comes_is_settled_once_caught_up(rig, tmp_p
     stream.create_model("req-0", 0)
     lost = Stream("alice").forward_backward("req-lost", 1)  # built, not published: as if the log had lost it
     svc = service(log, codec, tmp_path / "state.json")
-    from openrl_core.events.lifecycle import RequestCompleted
     from openrl_core.events import training as te
+    from openrl_core.events.lifecycle import RequestCompleted
 
     stream.emit(te.FORWARD_BACKWARD["completed"], RequestCompleted(request_id="req-lost", result={}), t=2,
                 source="/openrl/trainer", key=stream.model, stream="completions")  # fmt: skip
@@ -312,8 +314,10 @@ def test_a_finish_whose_request_never_comes_is_settled_once_caught_up(rig, tmp_p
     drain(svc)  # the empty poll settles it: labelled from its key, not timed
     m = scrape(svc.metrics.exposition())
     assert value(m, "openrl_requests_completed_total", **req("forward_backward")) == 1
-    assert ("openrl_request_latency_seconds_count",
-            frozenset({"base_model": BASE, "type": "forward_backward", "outcome": "completed"}.items())) not in m
+    assert (
+        "openrl_request_latency_seconds_count",
+        frozenset({"base_model": BASE, "type": "forward_backward", "outcome": "completed"}.items()),
+    ) not in m
     # Should the request turn up after all (a late partition), it counts but never queues.
     publisher.publish("openrl.alice.training.late", lost)
     drain(svc)

@@ -29,7 +29,9 @@ OTHER = [40, 1079, 264, 2805, 11, 1221, 4128, 911, 13]
 STEPS = 6
 
 
-def build_adapter(files, directory: Path, seed: int, targets: list[str], rank=4, scale=0.1, **config) -> dict[str, bytes]:
+def build_adapter(
+    files, directory: Path, seed: int, targets: list[str], rank=4, scale=0.1, **config
+) -> dict[str, bytes]:
     """`config`: more peft LoraConfig fields (lora_alpha is 8 unless given)."""
     torch.manual_seed(seed)
     config = {"lora_alpha": 8, **config}
@@ -48,7 +50,10 @@ def adapters(tiny_files, tmp_path_factory):
     # Keys shaped like checkpoint paths (dots, slashes); b also adapts the tied lm_head.
     targets = {"a": ["q_proj", "v_proj", "down_proj"], "b": ["o_proj", "up_proj", "lm_head"]}
     return {
-        f"tinker://run-1/weights/{name}.{seed}": (root / name, build_adapter(tiny_files, root / name, seed, targets[name]))
+        f"tinker://run-1/weights/{name}.{seed}": (
+            root / name,
+            build_adapter(tiny_files, root / name, seed, targets[name]),
+        )
         for seed, name in enumerate(targets, start=1)
     }
 

@@ -77,7 +77,10 @@ def make_case(model_name, files, tmp_path_factory):
         spec = dict(spec)
         # SmolLM2 is pretrained: a smaller update keeps its output sensible, and still changes it.
         scale = 0.1 if model_name == "tiny" else 0.02
-        adapters[name] = (root / name, build_adapter(files, root / name, seed, spec.pop("targets"), scale=scale, **spec))
+        adapters[name] = (
+            root / name,
+            build_adapter(files, root / name, seed, spec.pop("targets"), scale=scale, **spec),
+        )
     engine = SamplerEngine(files, share_base=True)
     for name, (_, adapter_files) in adapters.items():
         engine.load_adapter(name, adapter_files)
@@ -129,7 +132,9 @@ def test_each_row_alone_equals_peft(case):
     _, tolerance, _, adapters, engine, references = case
     base = references[None][tuple(PROMPT)][0]
     assert all(references[name][tuple(PROMPT)][0] != base for name in adapters)  # each really changes the output
-    jobs = [greedy(prompt, adapter, prompt_logprobs=True) for adapter in (None, *adapters) for prompt in (PROMPT, OTHER)]
+    jobs = [
+        greedy(prompt, adapter, prompt_logprobs=True) for adapter in (None, *adapters) for prompt in (PROMPT, OTHER)
+    ]
     check(jobs, [engine.sample([job])[0] for job in jobs], references, tolerance)
 
 
@@ -190,7 +195,9 @@ def test_a_reloaded_adapter_samples_bitwise_as_before(tiny_case):
     """An evicted adapter that comes back (its files fetched again: new bytes) gives a seeded
     request the same bits, one row or several."""
     _, _, _, adapters, engine, _ = tiny_case
-    jobs = [SampleJob(OTHER, n, SamplingParams(max_tokens=STEPS, temperature=1.0, seed=11), adapter="again") for n in (1, 3)]
+    jobs = [
+        SampleJob(OTHER, n, SamplingParams(max_tokens=STEPS, temperature=1.0, seed=11), adapter="again") for n in (1, 3)
+    ]
     results = []
     for _ in range(3):
         engine.load_adapter("again", {name: bytes(bytearray(raw)) for name, raw in adapters["wide"][1].items()})

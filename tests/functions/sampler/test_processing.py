@@ -111,9 +111,7 @@ def test_top_p_applies_to_the_renormalised_top_k_and_after_temperature():
 
 def test_rows_with_different_parameters_are_independent():
     logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]] * 3))
-    out = processing.filter_logits(
-        logits, torch.ones(3), torch.tensor([-1, 1, -1]), torch.tensor([1.0, 1.0, 0.65])
-    )
+    out = processing.filter_logits(logits, torch.ones(3), torch.tensor([-1, 1, -1]), torch.tensor([1.0, 1.0, 0.65]))
     assert kept(out) == [{0, 1, 2, 3}, {0}, {0, 1}]
 
 

@@ -92,7 +92,11 @@ def test_missing_environment_says_how_to_build_it(tmp_path):
     """`openrl sampler --engine vllm` without the venv: a one-line how-to, no traceback."""
     env = {**os.environ, "OPENRL_VLLM_ENV": str(tmp_path / "absent"), "OPENRL_DATA_DIR": str(tmp_path / "data")}
     done = subprocess.run(
-        [sys.executable, "-m", "functions.cli", "sampler", "--engine", "vllm"], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "functions.cli", "sampler", "--engine", "vllm"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 2
     assert "vLLM engine needs its own environment: run `make vllm`" in done.stderr
@@ -183,7 +187,9 @@ def test_stop_token_ids_and_strings_match_torch(vllm_engine, torch_engine, tiny_
 @pytest.mark.slow
 def test_seeded_samples_repeat_and_num_samples_rows_differ(vllm_engine):
     def job(seed, adapter=None, n=4):
-        return SampleJob(PROMPT, n, SamplingParams(max_tokens=8, temperature=1.0, seed=seed, top_k=50, top_p=0.9), adapter=adapter)
+        return SampleJob(
+            PROMPT, n, SamplingParams(max_tokens=8, temperature=1.0, seed=seed, top_k=50, top_p=0.9), adapter=adapter
+        )
 
     first = vllm_engine.sample([job(7)])[0]
     # The same seed batched with other work gives the same samples: rows have their own seeds.
@@ -227,7 +233,9 @@ def test_adapters_load_evict_and_refuse(vllm_engine, adapter_files, torch_engine
 
 @needs_vllm
 @pytest.mark.slow
-def test_an_adapter_of_higher_rank_restarts_the_engine_with_its_adapters(vllm_engine, torch_engine, tiny_files, tmp_path):
+def test_an_adapter_of_higher_rank_restarts_the_engine_with_its_adapters(
+    vllm_engine, torch_engine, tiny_files, tmp_path
+):
     """The module's engine sizes LoRA slots for rank 8; a rank-16 adapter restarts it with
     room for 16, and the adapters loaded before come back."""
     from peft import LoraConfig, get_peft_model
@@ -235,7 +243,9 @@ def test_an_adapter_of_higher_rank_restarts_the_engine_with_its_adapters(vllm_en
     from functions.compute.models import load_causal_lm
 
     torch.manual_seed(9)
-    model = get_peft_model(load_causal_lm(tiny_files), LoraConfig(r=16, lora_alpha=16, target_modules=["q_proj", "up_proj"]))
+    model = get_peft_model(
+        load_causal_lm(tiny_files), LoraConfig(r=16, lora_alpha=16, target_modules=["q_proj", "up_proj"])
+    )
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if "lora_B" in name:

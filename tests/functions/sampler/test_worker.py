@@ -13,7 +13,7 @@ from eventing.embedded_log import EmbeddedLog
 from functions.compute.models import ModelDirectory
 from functions.sampler.worker import SamplerWorker
 from functions.trainer.engine import TrainerEngine
-from openrl_core.catalog import Catalog, TINY_QWEN3
+from openrl_core.catalog import TINY_QWEN3, Catalog
 from openrl_core.events import new_event
 from openrl_core.events.sampling import SAMPLE, SampleRequested
 from openrl_core.params import LoraConfig, SamplingParams
@@ -26,7 +26,9 @@ def rig(tmp_path, tiny_files):
     log = EmbeddedLog(tmp_path / "log.db")
     codec = Codec(BlobStore(tmp_path / "blobs"))
     publisher = EventPublisher(log, codec)
-    worker = SamplerWorker(log, publisher, codec.blobs, ModelDirectory(Catalog.from_names([TINY_QWEN3])), max_adapters=2)
+    worker = SamplerWorker(
+        log, publisher, codec.blobs, ModelDirectory(Catalog.from_names([TINY_QWEN3])), max_adapters=2
+    )
     completions = log.consumer("test", pattern=topics.pattern("completions"))
     yield worker, publisher, completions, codec
     log.close()
@@ -124,7 +126,12 @@ def test_a_runs_superseded_versions_are_dropped_first(tmp_path, tiny_files):
     engine = worker.engine(TINY_QWEN3)
     key = lambda ref: f"{TENANT}:{ref['adapter_model.safetensors'].sha256}"  # noqa: E731
     # run r keeps its two newest versions; run q's only one stays although it is the oldest
-    assert [engine.has_adapter(key(v)) for v in (other, versions[1], versions[2], versions[3])] == [True, False, True, True]
+    assert [engine.has_adapter(key(v)) for v in (other, versions[1], versions[2], versions[3])] == [
+        True,
+        False,
+        True,
+        True,
+    ]
     log.close()
 
 
@@ -169,7 +176,9 @@ def test_a_batch_waits_for_the_runs_active_lately_and_not_when_alone(tmp_path, t
     log = EmbeddedLog(tmp_path / "log.db")
     codec = Codec(BlobStore(tmp_path / "blobs"))
     publisher = EventPublisher(log, codec)
-    worker = SamplerWorker(log, publisher, codec.blobs, ModelDirectory(Catalog.from_names([TINY_QWEN3])), cohort_wait=2.0)
+    worker = SamplerWorker(
+        log, publisher, codec.blobs, ModelDirectory(Catalog.from_names([TINY_QWEN3])), cohort_wait=2.0
+    )
     completions = log.consumer("test", pattern=topics.pattern("completions"))
     calls = sample_calls(worker, monkeypatch)
     waits: list[float] = []  # the timeouts of the polls a batch makes after its first
@@ -189,7 +198,9 @@ def test_a_batch_waits_for_the_runs_active_lately_and_not_when_alone(tmp_path, t
     collect(worker, completions, codec, 1)
     calls.clear()
     send(publisher, request("a-1").model_copy(update={"run_id": "run-a"}))
-    later = threading.Timer(0.3, lambda: send(publisher, request("b-1", num_samples=3).model_copy(update={"run_id": "run-b"})))
+    later = threading.Timer(
+        0.3, lambda: send(publisher, request("b-1", num_samples=3).model_copy(update={"run_id": "run-b"}))
+    )
     later.start()
     done = collect(worker, completions, codec, 2)
     later.join()

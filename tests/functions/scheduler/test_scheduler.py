@@ -16,7 +16,6 @@ from eventing.embedded_log import EmbeddedLog
 from eventing.notify import LocalNotifier
 from eventing.projector import Projector
 from eventing.store import database
-from eventing.store import tables as t
 from eventing.store.event_store import EventStore
 from eventing.store.queries import Projections
 from functions.deploy.config import checked
@@ -65,7 +64,9 @@ class Rig:
     def __init__(self, kube, tmp_path, store, log, codec, daemon):
         self.kube, self.store, self.log, self.daemon = kube, store, log, daemon
         self.clock = Clock()
-        self.templates = worker_templates(checked(image="registry.example/openrl:1", overlays=["gpu"], tenants=["alice"]))
+        self.templates = worker_templates(
+            checked(image="registry.example/openrl:1", overlays=["gpu"], tenants=["alice"])
+        )
         self.publisher = EventPublisher(log, codec)
         self.tmp_path = tmp_path
 
@@ -134,7 +135,13 @@ def test_places_workers_keeps_them_through_brief_idleness_and_releases_them_afte
         assert pod["nodeSelector"] == {"kubernetes.io/hostname": "gpu-a"}
         assert env_of(worker)["NVIDIA_VISIBLE_DEVICES"] == "0" and env_of(worker)["OPENRL_DEVICE"] == "cuda:0"
         assert "nvidia.com/gpu" not in pod["containers"][0]["resources"].get("limits", {})
-    assert trainer["spec"]["template"]["spec"]["containers"][0]["args"] == ["trainer", "--base-model", TINY_QWEN3, "--kind", "lora"]
+    assert trainer["spec"]["template"]["spec"]["containers"][0]["args"] == [
+        "trainer",
+        "--base-model",
+        TINY_QWEN3,
+        "--kind",
+        "lora",
+    ]
     assert trainer["spec"]["replicas"] == 1 and trainer["metadata"]["annotations"]["openrl.ai/placement"] == "gpu-a/0"
 
     writes = len(rig.kube.requests("POST")) + len(rig.kube.requests("PATCH"))
@@ -166,7 +173,12 @@ def test_the_last_session_finishing_releases_at_once_and_a_full_runs_trainer_is_
     rig.clock.at(minutes=1)
     assert full_trainer.name in scheduler.reconcile().created
     worker = rig.worker(full_trainer)
-    assert worker["spec"]["template"]["spec"]["containers"][0]["args"][-4:] == ["--kind", "full", "--model-id", full.model]
+    assert worker["spec"]["template"]["spec"]["containers"][0]["args"][-4:] == [
+        "--kind",
+        "full",
+        "--model-id",
+        full.model,
+    ]
     assert worker["metadata"]["annotations"]["openrl.ai/memory-bytes"] == str(5 * GiB)  # 2 GiB x the full-FT factor
 
     rig.append([finished("s2", t=90), finished("s1", t=100)])

@@ -15,7 +15,9 @@ from functions.timeslicer.client import TimeslicerClient, unix_transport
 
 
 def openrl(*args, timeout=60):
-    return subprocess.run([sys.executable, "-m", "functions.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "functions.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_the_daemon_serves_workers_and_status_shows_them():

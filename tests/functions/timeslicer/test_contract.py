@@ -291,9 +291,16 @@ def test_unix_daemon_answers_lines_that_are_not_json_and_serves_http(make):
                    "openrl_timeslicer_park_seconds_count", "openrl_timeslicer_switches"):  # fmt: skip
         assert series in metrics, series
     assert urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).status == 200
-    timeline = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/timeline?since=0", timeout=5).read())["timeline"]
+    timeline = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/timeline?since=0", timeout=5).read())[
+        "timeline"
+    ]
     leases = [e for e in timeline[DEVICE] if e["kind"] == "lease"]
-    assert leases and leases[-1]["job"] == "j" and leases[-1]["reason"] == "released" and leases[-1]["end"] >= leases[-1]["start"]
+    assert (
+        leases
+        and leases[-1]["job"] == "j"
+        and leases[-1]["reason"] == "released"
+        and leases[-1]["end"] >= leases[-1]["start"]
+    )
 
 
 def test_a_restarted_daemon_gets_every_job_back_as_it_is(make):

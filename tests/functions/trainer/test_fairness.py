@@ -13,7 +13,7 @@ from eventing.codec import Codec
 from eventing.embedded_log import EmbeddedLog
 from functions.compute.models import ModelDirectory
 from functions.trainer.worker import TrainerWorker
-from openrl_core.catalog import Catalog, TINY_QWEN3
+from openrl_core.catalog import TINY_QWEN3, Catalog
 from openrl_core.events import new_event
 from openrl_core.events import training as te
 from openrl_core.params import AdamParams, LoraConfig
@@ -62,7 +62,9 @@ def test_a_light_tenant_is_served_after_one_turn_of_a_heavy_one_not_after_all(ri
     collect(worker, completions, len(models))
     for tenant, model_id in models:  # one poll makes them all ready: each model's step, two requests
         for seq in (1, 2):
-            step = te.OptimStepRequested(request_id=f"{model_id}/{seq}", model_id=model_id, seq_id=seq, adam_params=AdamParams())
+            step = te.OptimStepRequested(
+                request_id=f"{model_id}/{seq}", model_id=model_id, seq_id=seq, adam_params=AdamParams()
+            )
             send(publisher, tenant, te.OPTIM_STEP["requested"], step)
     done = collect(worker, completions, 2 * len(models))
     order = [(event.tenant, event.data.request_id) for event in done]

@@ -56,7 +56,9 @@ def test_full_finetuning_steps_are_bitwise_plain_torch(tiny_files):
     engine.create("m")
     losses = []
     for batch, hp in zip(batches, STEPS):
-        losses.append(engine.forward_backward("m", batch, "cross_entropy", None, forward_only=False).metrics["loss:sum"])
+        losses.append(
+            engine.forward_backward("m", batch, "cross_entropy", None, forward_only=False).metrics["loss:sum"]
+        )
         engine.optim_step("m", hp)
     reference, expected_losses = reference_steps(tiny_files, batches, STEPS)
     weights = engine.weights("m")

@@ -98,7 +98,10 @@ def test_pending_gradients_or_a_held_request_keep_a_run(tmp_path, tiny_files):
 
 
 def test_release_is_off_by_default_and_without_snapshots(tmp_path, tiny_files):
-    for name, every, options in (("default", 100, TrainerOptions()), ("no-snapshots", 0, TrainerOptions(release_runs_after=AFTER))):
+    for name, every, options in (
+        ("default", 100, TrainerOptions()),
+        ("no-snapshots", 0, TrainerOptions(release_runs_after=AFTER)),
+    ):
         node = Node(tmp_path / name, every=every, options=options)
         publish(node, history()[:3])
         node.run_until(["create", "fb1", "op2"])

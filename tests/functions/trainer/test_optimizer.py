@@ -154,7 +154,9 @@ def test_adamw_step_is_bitwise_the_per_tensor_update_and_torch_adamw():
         assert optimizer.adamw_step(ours, ours_state, hp) == _per_tensor_step(mine, mine_state, hp)
         for k in shapes:
             assert torch.equal(ours[k], mine[k]), k
-            assert torch.equal(ours_state.exp_avg[k], mine_state.exp_avg[k]) and torch.equal(ours_state.exp_avg_sq[k], mine_state.exp_avg_sq[k])
+            assert torch.equal(ours_state.exp_avg[k], mine_state.exp_avg[k]) and torch.equal(
+                ours_state.exp_avg_sq[k], mine_state.exp_avg_sq[k]
+            )
     # torch's own AdamW (single-tensor path), without clipping, which it does not do itself
     hp = AdamParams(learning_rate=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, grad_clip_norm=0.0)
     reference = torch.optim.AdamW(list(theirs.values()), lr=hp.learning_rate, betas=(hp.beta1, hp.beta2), eps=hp.eps,

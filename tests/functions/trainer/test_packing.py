@@ -31,7 +31,9 @@ def requests():
     return [
         PackRequest("a", sft_batch(1, [7, 9, 33]), "cross_entropy", None, False),
         PackRequest("b", rl_batch(2, [12, 5, 20, 40]), "importance_sampling", None, False),
-        PackRequest("c", rl_batch(3, [30, 31, 16]), "ppo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}, False),
+        PackRequest(
+            "c", rl_batch(3, [30, 31, 16]), "ppo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}, False
+        ),
         PackRequest("d", sft_batch(4, [31, 2]), "cross_entropy", None, True),  # forward only
         PackRequest("a", rl_batch(5, [17, 8]), "cispo", None, False),  # a's second request, after its first
     ]
@@ -46,7 +48,9 @@ def fresh(files, max_tokens=8192, shared_bytes=1 << 30, device="cpu"):
 
 def check_packed_equals_alone(files, max_tokens, shared_bytes=1 << 30):
     alone = fresh(files, max_tokens)
-    expected = [alone.forward_backward(r.model_id, r.batch, r.loss_fn, r.loss_fn_config, r.forward_only) for r in requests()]
+    expected = [
+        alone.forward_backward(r.model_id, r.batch, r.loss_fn, r.loss_fn_config, r.forward_only) for r in requests()
+    ]
     packed = fresh(files, max_tokens, shared_bytes)
     got = packed.forward_backward_many(requests())
     for want, have in zip(expected, got):

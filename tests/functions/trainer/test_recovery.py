@@ -15,7 +15,7 @@ from eventing.embedded_log import EmbeddedLog
 from functions.compute.models import ModelDirectory
 from functions.trainer.snapshots import SnapshotStore
 from functions.trainer.worker import TrainerOptions, TrainerWorker
-from openrl_core.catalog import Catalog, TINY_QWEN3
+from openrl_core.catalog import TINY_QWEN3, Catalog
 from openrl_core.datum import Datum, DatumRecord
 from openrl_core.events import new_event
 from openrl_core.events import training as te
@@ -41,7 +41,9 @@ def history() -> list:
         datum = Datum(tokens[:-1], {"target_tokens": tokens[1:], "weights": np.ones(11, np.float32)})
         fb = te.ForwardBackwardRequested(request_id=f"fb{seq}", model_id=MODEL_ID, seq_id=seq, loss_fn="cross_entropy",
                                          data=[DatumRecord.from_datum(datum)])  # fmt: skip
-        step = te.OptimStepRequested(request_id=f"op{seq + 1}", model_id=MODEL_ID, seq_id=seq + 1, adam_params=AdamParams(learning_rate=1e-2))
+        step = te.OptimStepRequested(
+            request_id=f"op{seq + 1}", model_id=MODEL_ID, seq_id=seq + 1, adam_params=AdamParams(learning_rate=1e-2)
+        )
         events.append(new_event(te.FORWARD_BACKWARD["requested"], fb, tenant=TENANT, source="/t", key=MODEL_ID))
         events.append(new_event(te.OPTIM_STEP["requested"], step, tenant=TENANT, source="/t", key=MODEL_ID))
     return events

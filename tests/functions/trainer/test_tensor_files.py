@@ -42,9 +42,11 @@ def test_save_is_byte_for_byte_the_library_and_loads_back():
     ],
 )
 def test_other_cases_go_to_the_library(tensors, metadata):
-    expected = library_save({k: v.contiguous() for k, v in tensors.items()}, metadata=metadata) if all(
-        v.is_contiguous() for v in tensors.values()
-    ) else None
+    expected = (
+        library_save({k: v.contiguous() for k, v in tensors.items()}, metadata=metadata)
+        if all(v.is_contiguous() for v in tensors.values())
+        else None
+    )
     if expected is None:
         with pytest.raises(ValueError):  # the library refuses non-contiguous tensors
             tensor_files.save(tensors, metadata=metadata)

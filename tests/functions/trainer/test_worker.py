@@ -13,7 +13,7 @@ from eventing.codec import Codec
 from eventing.embedded_log import EmbeddedLog
 from functions.compute.models import ModelDirectory
 from functions.trainer.worker import TrainerWorker
-from openrl_core.catalog import Catalog, TINY_QWEN3
+from openrl_core.catalog import TINY_QWEN3, Catalog
 from openrl_core.datum import Datum, DatumRecord
 from openrl_core.events import new_event
 from openrl_core.events import training as te
@@ -43,17 +43,25 @@ def send(publisher, type_, payload):
 
 def datum(tokens=(1, 2, 3, 4, 5, 6)):
     tokens = np.array(tokens, dtype=np.int64)
-    return DatumRecord.from_datum(Datum(tokens[:-1], {"target_tokens": tokens[1:], "weights": np.ones(len(tokens) - 1, np.float32)}))
+    return DatumRecord.from_datum(
+        Datum(tokens[:-1], {"target_tokens": tokens[1:], "weights": np.ones(len(tokens) - 1, np.float32)})
+    )
 
 
 def fb(seq, request_id=None, data=None):
     return te.ForwardBackwardRequested(
-        request_id=request_id or f"fb-{seq}", model_id=MODEL_ID, seq_id=seq, loss_fn="cross_entropy", data=data or [datum()]
+        request_id=request_id or f"fb-{seq}",
+        model_id=MODEL_ID,
+        seq_id=seq,
+        loss_fn="cross_entropy",
+        data=data or [datum()],
     )
 
 
 def optim(seq):
-    return te.OptimStepRequested(request_id=f"opt-{seq}", model_id=MODEL_ID, seq_id=seq, adam_params=AdamParams(learning_rate=1e-2))
+    return te.OptimStepRequested(
+        request_id=f"opt-{seq}", model_id=MODEL_ID, seq_id=seq, adam_params=AdamParams(learning_rate=1e-2)
+    )
 
 
 def pump(worker, completions, expected):
@@ -69,7 +77,12 @@ def pump(worker, completions, expected):
 
 def create(worker, publisher, completions):
     payload = te.CreateModelRequested(
-        request_id="create", session_id="s1", model_id=MODEL_ID, model_seq_id=0, base_model=TINY_QWEN3, lora_config=LoraConfig(rank=4, seed=1)
+        request_id="create",
+        session_id="s1",
+        model_id=MODEL_ID,
+        model_seq_id=0,
+        base_model=TINY_QWEN3,
+        lora_config=LoraConfig(rank=4, seed=1),
     )
     send(publisher, te.CREATE_MODEL["requested"], payload)
     [done] = pump(worker, completions, 1)
@@ -151,12 +164,18 @@ def test_several_models_forward_backward_share_a_pass_and_answer_as_alone(tmp_pa
         for tenant, model_id, rank, _ in models:
             create = te.CreateModelRequested(request_id=f"create-{model_id}", session_id=model_id.split(":")[0], model_id=model_id,
                                              model_seq_id=0, base_model=TINY_QWEN3, lora_config=LoraConfig(rank=rank, seed=rank))  # fmt: skip
-            publisher.publish(topics.topic(tenant, "training", TINY_QWEN3), new_event(te.CREATE_MODEL["requested"], create, tenant=tenant, source="/t", key=model_id))
+            publisher.publish(
+                topics.topic(tenant, "training", TINY_QWEN3),
+                new_event(te.CREATE_MODEL["requested"], create, tenant=tenant, source="/t", key=model_id),
+            )
         for round_ in rounds:
             for tenant, model_id, _rank, tokens in round_:
                 payload = te.ForwardBackwardRequested(request_id=f"fb-{model_id}", model_id=model_id, seq_id=1, loss_fn="cross_entropy",
                                                       data=[datum(tokens)])  # fmt: skip
-                publisher.publish(topics.topic(tenant, "training", TINY_QWEN3), new_event(te.FORWARD_BACKWARD["requested"], payload, tenant=tenant, source="/t", key=model_id))
+                publisher.publish(
+                    topics.topic(tenant, "training", TINY_QWEN3),
+                    new_event(te.FORWARD_BACKWARD["requested"], payload, tenant=tenant, source="/t", key=model_id),
+                )
 
     calls = []
     original = TrainerEngine.forward_backward_many
@@ -180,8 +199,13 @@ def test_several_models_forward_backward_share_a_pass_and_answer_as_alone(tmp_pa
     pump(alone_worker, alone_completions, 3)
     alone = {}
     for tenant, model_id, _rank, tokens in models:
-        payload = te.ForwardBackwardRequested(request_id=f"fb-{model_id}", model_id=model_id, seq_id=1, loss_fn="cross_entropy", data=[datum(tokens)])
-        alone_publisher.publish(topics.topic(tenant, "training", TINY_QWEN3), new_event(te.FORWARD_BACKWARD["requested"], payload, tenant=tenant, source="/t", key=model_id))
+        payload = te.ForwardBackwardRequested(
+            request_id=f"fb-{model_id}", model_id=model_id, seq_id=1, loss_fn="cross_entropy", data=[datum(tokens)]
+        )
+        alone_publisher.publish(
+            topics.topic(tenant, "training", TINY_QWEN3),
+            new_event(te.FORWARD_BACKWARD["requested"], payload, tenant=tenant, source="/t", key=model_id),
+        )
         alone.update({e.data.request_id: e for e in pump(alone_worker, alone_completions, 1)})
     for _tenant, model_id, _rank, _tokens in models:
         key = f"fb-{model_id}"
@@ -228,13 +252,23 @@ def test_a_packed_pass_runs_its_models_optim_steps_in_the_same_turn_and_answers_
     for tenant, model_id in models:
         payload = te.CreateModelRequested(request_id=f"create-{model_id}", session_id=model_id.split(":")[0], model_id=model_id,
                                           model_seq_id=0, base_model=TINY_QWEN3, lora_config=LoraConfig(rank=4, seed=1))  # fmt: skip
-        publisher.publish(topics.topic(tenant, "training", TINY_QWEN3), new_event(te.CREATE_MODEL["requested"], payload, tenant=tenant, source="/t", key=model_id))
+        publisher.publish(
+            topics.topic(tenant, "training", TINY_QWEN3),
+            new_event(te.CREATE_MODEL["requested"], payload, tenant=tenant, source="/t", key=model_id),
+        )
     assert len(pump(worker, completions, 3)) == 3
     for tenant, model_id in models:
-        step = te.ForwardBackwardRequested(request_id=f"fb-{model_id}", model_id=model_id, seq_id=1, loss_fn="cross_entropy", data=[datum()])
-        update = te.OptimStepRequested(request_id=f"opt-{model_id}", model_id=model_id, seq_id=2, adam_params=AdamParams(learning_rate=1e-2))
+        step = te.ForwardBackwardRequested(
+            request_id=f"fb-{model_id}", model_id=model_id, seq_id=1, loss_fn="cross_entropy", data=[datum()]
+        )
+        update = te.OptimStepRequested(
+            request_id=f"opt-{model_id}", model_id=model_id, seq_id=2, adam_params=AdamParams(learning_rate=1e-2)
+        )
         for type_, item in ((te.FORWARD_BACKWARD["requested"], step), (te.OPTIM_STEP["requested"], update)):
-            publisher.publish(topics.topic(tenant, "training", TINY_QWEN3), new_event(type_, item, tenant=tenant, source="/t", key=model_id))
+            publisher.publish(
+                topics.topic(tenant, "training", TINY_QWEN3),
+                new_event(type_, item, tenant=tenant, source="/t", key=model_id),
+            )
     appends: list[list[str]] = []
     publish_many = publisher.publish_many
 
@@ -244,7 +278,9 @@ def test_a_packed_pass_runs_its_models_optim_steps_in_the_same_turn_and_answers_
 
     publisher.publish_many = spy
     done = {e.data.request_id: e for e in pump(worker, completions, 6)}
-    assert all(done[f"{kind}-{model_id}"].type.endswith(".completed.v1") for kind in ("fb", "opt") for _t, model_id in models)
+    assert all(
+        done[f"{kind}-{model_id}"].type.endswith(".completed.v1") for kind in ("fb", "opt") for _t, model_id in models
+    )
     leases = {done[f"{kind}-{model_id}"].lease for kind in ("fb", "opt") for _t, model_id in models}
     assert len(leases) == 1 and None not in leases  # one turn for the pass and every optim_step
     assert sorted(appends[-1]) == sorted(f"opt-{model_id}" for _t, model_id in models)  # answered together
@@ -270,13 +306,23 @@ def test_a_run_created_during_a_packed_pass_waits_for_the_turn_to_end_not_for_it
     def create(tenant, model_id):
         payload = te.CreateModelRequested(request_id=f"create-{model_id}", session_id=model_id.split(":")[0], model_id=model_id,
                                           model_seq_id=0, base_model=TINY_QWEN3, lora_config=LoraConfig(rank=4, seed=1))  # fmt: skip
-        publisher.publish(topics.topic(tenant, "training", TINY_QWEN3), new_event(te.CREATE_MODEL["requested"], payload, tenant=tenant, source="/t", key=model_id))
+        publisher.publish(
+            topics.topic(tenant, "training", TINY_QWEN3),
+            new_event(te.CREATE_MODEL["requested"], payload, tenant=tenant, source="/t", key=model_id),
+        )
 
     def train(tenant, model_id):
-        step = te.ForwardBackwardRequested(request_id=f"fb-{model_id}", model_id=model_id, seq_id=1, loss_fn="cross_entropy", data=[datum()])
-        update = te.OptimStepRequested(request_id=f"opt-{model_id}", model_id=model_id, seq_id=2, adam_params=AdamParams(learning_rate=1e-2))
+        step = te.ForwardBackwardRequested(
+            request_id=f"fb-{model_id}", model_id=model_id, seq_id=1, loss_fn="cross_entropy", data=[datum()]
+        )
+        update = te.OptimStepRequested(
+            request_id=f"opt-{model_id}", model_id=model_id, seq_id=2, adam_params=AdamParams(learning_rate=1e-2)
+        )
         for type_, item in ((te.FORWARD_BACKWARD["requested"], step), (te.OPTIM_STEP["requested"], update)):
-            publisher.publish(topics.topic(tenant, "training", TINY_QWEN3), new_event(type_, item, tenant=tenant, source="/t", key=model_id))
+            publisher.publish(
+                topics.topic(tenant, "training", TINY_QWEN3),
+                new_event(type_, item, tenant=tenant, source="/t", key=model_id),
+            )
 
     packed = [("t0", "s0:train:0"), ("t1", "s1:train:0")]
     for tenant, model_id in packed:
@@ -296,7 +342,9 @@ def test_a_run_created_during_a_packed_pass_waits_for_the_turn_to_end_not_for_it
     TrainerEngine.forward_backward_many = during_the_pass
     done: dict = {}
     try:
-        pumping = threading.Thread(target=lambda: done.update({e.data.request_id: e for e in pump(worker, completions, 5)}), daemon=True)
+        pumping = threading.Thread(
+            target=lambda: done.update({e.data.request_id: e for e in pump(worker, completions, 5)}), daemon=True
+        )
         pumping.start()
         pumping.join(120)
         assert not pumping.is_alive(), "the trainer waited for a turn inside its own turn"
