@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint test test-fast demo demo-long recipe-sql recipe-rlvr autoresearch bench serve models clean compat fuzz chaos
+.PHONY: install lint test test-fast demo demo-long recipe-sql recipe-rlvr autoresearch bench serve models clean compat fuzz chaos settings-doc
 
 install: $(STAMP)
 
@@ -93,6 +93,11 @@ chaos: install
 # from the cases (tests/e2e/test_sdk_surface.py); the test suite fails when the file is stale.
 compat: install
 	OPENRL_WRITE_COMPAT=1 $(PY) -m pytest -q -p no:cacheprovider tests/e2e/test_sdk_surface.py
+
+# Rewrites the configuration reference in docs/operations.md from openrl_core/settings.py;
+# tests/test_docs.py (in `make test`) fails while it is stale.
+settings-doc: install
+	$(PY) -m functions.settings_reference
 
 serve: install
 	$(VENV)/bin/openrl serve
