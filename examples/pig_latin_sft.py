@@ -9,7 +9,7 @@ By default the word and its translation are spelled out letter by letter ("Pig L
 -> "i n g s t r a y"), and the learning rate decays linearly to zero. The vocabulary's words are
 single tokens, whose spelling a 135M model barely knows; spelled out, the task is moving letters
 it can see. Measured with 640 training words (20 steps): 8.3% held-out exact match with the bare
-word, 10.0% with only the prompt spelled, 96.7% with both spelled (README, "Recipes").
+word, 10.0% with only the prompt spelled, 96.7% with both spelled (README.md at 4a6a950, "Recipes").
 `--bare-word --constant-lr --train-words 4800` is the first version of this demo (`make demo-long`).
 """
 

@@ -34,7 +34,7 @@ def _time_ordered() -> str:
     made later sort later, so the store's indexes on them (events.id, futures.request_id)
     take each insert at their right edge instead of at a random leaf: with uuid4 ids a
     batch's inserts each dirtied a page of its own, and the more the tables held, the more
-    pages each transaction wrote (README, "Memory and storage")."""
+    pages each transaction wrote (docs/benchmarks.md, "Futures per second")."""
     rand = int.from_bytes(os.urandom(10), "big")
     value = (
         (time.time_ns() // 1_000_000) << 80

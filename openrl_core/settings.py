@@ -84,7 +84,7 @@ class Settings(BaseSettings):
     # 1 ms by default: on a broker that holds an empty fetch (Kafka, for kafka_fetch_max_wait_ms)
     # a fetch comes back empty once per wait, so the pause costs nothing there; on noida-db,
     # which answers at once, idle consumers without it spun, taking a core from the rest of a
-    # busy machine (README, futures bench: one process per role).
+    # busy machine (README.md at 40db992, futures bench: one process per role).
     kafka_idle_poll_pause_ms: int = Field(
         1,
         ge=0,
@@ -305,7 +305,7 @@ class Settings(BaseSettings):
 
     # -- sampling engine: torch (in process) or vLLM (a child process from its own venv) ------
     sampler_engine: Literal["torch", "vllm"] = Field(
-        "torch", description="sampler engine: the batched torch engine, or vLLM (needs `make vllm`, see README)"
+        "torch", description="sampler engine: the batched torch engine, or vLLM (needs `make vllm`, see docs/guide.md)"
     )
     vllm_env: Optional[Path] = Field(
         None, description="virtualenv holding vLLM (default: .venv-vllm beside the code, built by `make vllm`)"

@@ -12,7 +12,7 @@ else (a gateway of its own, a miss) the store is read as before.
 Pending futures (`follow_pending`, off by default): a `retrieve_future` usually arrives
 before its future finishes, and its first store read, in a gateway thread, only learns
 that it runs. That read and its thread hop were about a tenth of a no-op future's server
-CPU and a third of its thread switches (README, "where a no-op future's time goes"). Where every write to the futures table
+CPU and a third of its thread switches (README.md at 40db992, "where a no-op future's time goes"). Where every write to the futures table
 goes through this store object, a future it committed unfinished, and has not seen finish
 since, is still running, and the gateway may wait for its completion without reading.
 That holds in the embedded deployment (one process: the gateway appends the request, the

@@ -3,7 +3,7 @@
 Every request's lookup (its run, session or future), every gateway append and every
 projector poll took a connection from SQLAlchemy's pool and gave it back: a `Connection`
 made, the pool's checkout and check-in, a reset (a rollback) on return. A point read
-took 14-15 us that way here and 7.6-7.8 us through `Kept.connect` (README), and in the no-op
+took 14-15 us that way here and 7.6-7.8 us through `Kept.connect` (README.md at 40db992), and in the no-op
 futures bench the event loop's run lookup spent more on the checkout than on the query.
 A thread that reads or writes the store over and over (the event loop, the group-commit
 writer, the projector) now keeps one connection and uses it again.
