@@ -2,7 +2,7 @@
 `optim_step`, against the same LoRA step written directly with peft, on one device.
 
 Why: on an H200 a SmolLM2 `forward_backward` of 2 x 32 tokens took 0.28 s, far more than its
-arithmetic (docs/benchmarks.md, "SDK train round trip"). This prints, for each side, the wall time per step, the
+arithmetic (docs/benchmarks.md, "Four RL jobs"). This prints, for each side, the wall time per step, the
 device's busy time per step (the sum of its kernels), how many kernels were launched and how
 many times the host waited for the device, and the operators with the most host time, so
 one run on a GPU says whether a step is launch-bound, sync-bound or compute-bound.
