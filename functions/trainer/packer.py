@@ -159,7 +159,7 @@ class Packer:
 
     def _publish(self, checked: list, results: list, started: datetime, lease) -> None:
         """The pass's answers, in one append."""
-        from functions.trainer.worker import with_started
+        from functions.trainer.turns import with_started
 
         worker, replies = self.worker, []
         for event, result in zip(checked, results):
