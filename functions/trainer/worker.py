@@ -341,3 +341,29 @@ class TrainerWorker(Turns, Residency, Handlers):
     def _queue(self, model_id: str, ready: list) -> None:
         if ready:
             self._ready.setdefault(model_id, []).extend(ready)
+
+    # -- what the packer uses (`packer.PackHost`) ---------------------------------------
+
+    @property
+    def state(self) -> threading.Lock:
+        return self._state
+
+    def shared_turn(self, model_ids: list[str]):
+        jobs = [self._job(model_id) for model_id in model_ids]
+        return self.slicer.turn(jobs[0], also=tuple(jobs[1:]))
+
+    def ensure_resident(self, model_id: str, turn) -> None:
+        self._ensure_resident(model_id, turn)
+
+    def take_arrived(self, model_id: str) -> list:
+        return self._ready.pop(model_id, [])
+
+    def run_ready(self, ready: list, turn=None, replies: Optional[list] = None) -> None:
+        self._run_ready(ready, turn, replies)
+
+    def fail(self, event: Event, exc: Exception) -> None:
+        self._fail(event, exc)
+
+    def lose(self, model_id: str) -> None:
+        self._lost.add(model_id)
+        self._forget(model_id)
