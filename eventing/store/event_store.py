@@ -28,12 +28,14 @@ from eventing.codec import Codec
 from eventing.dedup import Dedup  # noqa: F401  (re-exported: the store's callers name it from here)
 from eventing.store import projections
 from eventing.store import tables as t
+from eventing.store.driver_reads import driver_mark
+from eventing.store.driver_writes import driver_execute, execute_many
 from eventing.store.finished import FinishedFutures
 from eventing.store.kept import kept
 from eventing.store.known_runs import IGNORED as RUN_COLUMNS_NOT_KEPT
 from eventing.store.known_runs import KnownRuns
 from eventing.store.rebuilding import Rebuilder
-from eventing.store.unit_of_work import Rows, driver_execute, driver_mark, execute_many, utc
+from eventing.store.unit_of_work import Rows, utc
 from openrl_core.errors import Conflict
 from openrl_core.events import Event
 from openrl_core.events.lifecycle import BlobRef
@@ -219,7 +221,7 @@ class EventStore:
         `ids` (the batch's event ids) the store holds already (None when `ids` is None). A
         fresh `Rows` (a rebuild's) reads no rows: it already knows every row there is. The
         queries that depend on nothing go together: on PostgreSQL one round trip for all
-        (`unit_of_work.driver_rows_many`)."""
+        (`driver_reads.driver_rows_many`)."""
         also = _known_ids_queries(rows.conn.dialect, ids) if ids is not None else []
         first = [
             ("submissions", [(event.tenant, dedup.key) for event, _t, dedup in items if dedup is not None]),
@@ -454,7 +456,7 @@ def _packed_sql(dialect) -> str:
 
 def _known_ids_queries(dialect, ids: list[str]) -> list[tuple[str, list[str]]]:
     """The reads, as (sql, params) in bounded IN lists, of which of `ids` the events table
-    holds (driver SQL, as the unit of work reads: `unit_of_work._Reader` says why)."""
+    holds (driver SQL, as the unit of work reads: `driver_reads._Reader` says why)."""
     chunks = [ids[start : start + 500] for start in range(0, len(ids), 500)]
     return [(_id_list_sql(dialect, "select", "events", "id", len(chunk)), chunk) for chunk in chunks]
 

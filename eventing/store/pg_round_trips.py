@@ -13,7 +13,7 @@ fifteen (the Kafka + PostgreSQL futures bench, statements counted per thread): p
   `SELECT` alone. A single statement sees one snapshot either way.
 - `pipelined`: a small write transaction runs in libpq's pipeline mode, its `BEGIN` and
   `COMMIT` statements of the pipeline. The reads that depend on nothing go out together
-  (`unit_of_work.driver_rows_many`) and come back in one round trip, with the `BEGIN`; the
+  (`driver_reads.driver_rows_many`) and come back in one round trip, with the `BEGIN`; the
   writes after them are sent without waiting and go with the `COMMIT`. A batch of training
   requests costs the group-commit writer 2 round trips instead of about twelve (the tests
   count them in libpq's trace). A statement's error (a unique violation) surfaces at the
@@ -46,7 +46,7 @@ from eventing.store.driver_errors import sqlalchemy_error
 # A connection idle this long is pinged before use; one in steady use is not.
 IDLE_PING_SECONDS = 1.0
 
-# Above this many rows, a write is one COPY (unit_of_work._RowsInsert), which pipeline mode
+# Above this many rows, a write is one COPY (driver_writes._RowsInsert), which pipeline mode
 # does not allow: such a transaction runs outside it.
 PIPELINE_MOST_ROWS = 64
 

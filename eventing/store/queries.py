@@ -13,9 +13,10 @@ from sqlalchemy import func, insert, or_, select
 from sqlalchemy.engine import Engine, Row
 
 from eventing.store import tables as t
+from eventing.store.driver_reads import LazyRow, read_by_key
 from eventing.store.kept import kept
 from eventing.store.projections import utc
-from eventing.store.unit_of_work import LazyRow, primary_key, read_by_key
+from eventing.store.row_tables import primary_key
 from openrl_core.retention import SamplerVersion, live_sampler_versions
 
 
@@ -41,7 +42,7 @@ class Projections:
 
     def _one(self, table, tenant: str, **keys) -> Optional[LazyRow]:
         """The row of `table` with primary key `keys` if `tenant` owns it. In driver SQL
-        (`unit_of_work.read_by_key`): every request looks up its run, session or future, and
+        (`driver_reads.read_by_key`): every request looks up its run, session or future, and
         through SQLAlchemy Core the lookup cost several times the driver's query."""
         key = tuple(keys[name] for name in primary_key(table.name))
         with self._kept.connect() as conn:  # on a SQLite file, the thread's kept connection (kept.py)

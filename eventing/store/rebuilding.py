@@ -44,8 +44,9 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from eventing.dedup import Dedup
 from eventing.store import tables as t
+from eventing.store.driver_writes import DeferredWrites, copy_context
 from eventing.store.sqlite_writer import SqliteWriter
-from eventing.store.unit_of_work import DeferredWrites, Rows, copy_context
+from eventing.store.unit_of_work import Rows
 from openrl_core.events import Event
 
 # About 1 kB a row held: 500,000 is a few hundred MB, past a million events of history.

@@ -31,7 +31,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Optional
 
-from eventing.store.projections import _STATES, _future, _insert_run, _touch_run, _upsert_checkpoint, handles
+from eventing.store.projection_rows import STATES, fold_future, handles, insert_run, touch_run, upsert_checkpoint
 from eventing.store.unit_of_work import Rows, utc
 from openrl_core.events import Event
 from openrl_core.events import training as training_events
@@ -61,8 +61,8 @@ def _step_progress(rows: Rows, event: Event) -> None:
     # Read before the fold moves the future on: whether it was still open decides the step.
     if request is not None:
         state, model_id, requested = request["state"], request["model_id"], utc(request["created_at"])
-    _future(rows, event)
-    if request is None or is_terminal(_STATES[state]):
+    fold_future(rows, event)
+    if request is None or is_terminal(STATES[state]):
         return  # unknown, or already ended (a redelivery, or a cancelled run's late work)
     details = event.data.details or {}
     metrics = event.data.result.get("metrics") or {}
@@ -153,7 +153,7 @@ def _cancel_futures(rows: Rows, event: Event, keys: list[str], message: str) -> 
 
 @handles(training_events.FORK["requested"])
 def _fork_requested(rows: Rows, event: Event) -> None:
-    if _future(rows, event) is not FutureState.PENDING:
+    if fold_future(rows, event) is not FutureState.PENDING:
         return
     data = event.data
     if rows.get("sessions", data.session_id) is None:
@@ -163,8 +163,8 @@ def _fork_requested(rows: Rows, event: Event) -> None:
             project_id=data.project_id, display_name=f"fork of {data.parent_id} at step {data.step}",
             created_at=event.time, last_heartbeat_at=event.time,
         )  # fmt: skip
-    _insert_run(rows, event, data.model_id)
-    _touch_run(rows, data.model_id, event.time, forked_from_run=data.parent_id, forked_from_step=data.step)
+    insert_run(rows, event, data.model_id)
+    touch_run(rows, data.model_id, event.time, forked_from_run=data.parent_id, forked_from_step=data.step)
 
 
 @handles(training_events.FORK["completed"], training_events.FORK["failed"])
@@ -173,14 +173,14 @@ def _fork_finished(rows: Rows, event: Event) -> None:
     if before is None or is_terminal(FutureState(before["state"])):
         return
     model_id = before["model_id"]
-    if _future(rows, event) is None:
+    if fold_future(rows, event) is None:
         return
     run = rows.get("training_runs", model_id)
     if run is None or run["state"] != "creating":
         return  # cancelled while it was being built: it stays cancelled, its state unsaved
     if isinstance(event.data, RequestFailed):
-        _touch_run(rows, model_id, event.time, state="failed", error=event.data.error)
+        touch_run(rows, model_id, event.time, state="failed", error=event.data.error)
         return
-    _touch_run(rows, model_id, event.time, state="ready")
+    touch_run(rows, model_id, event.time, state="ready")
     if event.data.checkpoint is not None:
-        _upsert_checkpoint(rows, event, event.data.checkpoint)
+        upsert_checkpoint(rows, event, event.data.checkpoint)

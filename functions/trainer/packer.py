@@ -10,32 +10,79 @@ leading run (an optim_step, a save) stays queued and runs after, in the model's 
 so seq order and the optim_step barrier hold. A full fine-tuning run is never packed. A
 request that fails (bad shape, unknown loss config) fails alone; if the turn itself cannot
 be had, every request of the pack falls back to its model's own turn.
+
+The packer sees the worker only through `PackHost`, the few public members it needs; it
+imports nothing of the worker (the worker owns a packer, not the other way round).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from contextlib import AbstractContextManager
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING
+from typing import Optional, Protocol
 
-from functions.timeslicer.client import Fenced
-from functions.trainer.recovery import position
+from eventing.bus import EventPublisher
+from eventing.offsets import OffsetTracker
+from functions.compute.models import ModelDirectory
+from functions.timeslicer.client import Fenced, Turn
+from functions.trainer.recovery import ModelSlot, position
+from functions.trainer.turns import with_started
 from openrl_core.cohort import Cohort
 from openrl_core.datum import validate_batch
+from openrl_core.events import Event
 from openrl_core.events import training as te
 from openrl_core.events.lifecycle import RequestCompleted
-
-if TYPE_CHECKING:
-    from functions.trainer.worker import TrainerWorker
 
 log = logging.getLogger(__name__)
 PACKABLE = {te.FORWARD_BACKWARD["requested"]}
 ACTIVE_SECONDS = 10.0  # a model counts as active this long after its last request
 
 
+class PackHost(Protocol):
+    """What a packer needs of the worker it serves (`TrainerWorker` is one)."""
+
+    slots: dict[str, ModelSlot]
+    models: ModelDirectory
+    offsets: OffsetTracker
+    publisher: EventPublisher
+
+    @property
+    def state(self) -> threading.Lock:
+        """Held around compute, parking and restoring of any model."""
+        ...
+
+    def engine(self, base_model: str): ...
+
+    def shared_turn(self, model_ids: list[str]) -> AbstractContextManager[Turn]:
+        """One timeslicer turn that covers every one of these models' jobs."""
+        ...
+
+    def ensure_resident(self, model_id: str, turn: Turn) -> None: ...
+
+    def absorb(self, in_turn: bool = False) -> None: ...
+
+    def take_arrived(self, model_id: str) -> list:
+        """Remove and return what `absorb` made ready for this model."""
+        ...
+
+    def run_ready(self, ready: list, turn: Optional[Turn] = None, replies: Optional[list] = None) -> None: ...
+
+    def fail(self, event: Event, exc: Exception) -> None: ...
+
+    def lose(self, model_id: str) -> None:
+        """The model changed hands: drop it here and never serve it again."""
+        ...
+
+    def reply(self, request: Event, phase: str, payload, lease: Optional[int] = None): ...
+
+    def forward_backward_result(self, output, request) -> dict: ...
+
+
 class Packer:
-    def __init__(self, worker: "TrainerWorker", linger: float, cohort_wait: float = 0.0, enabled: bool = True) -> None:
+    def __init__(self, worker: PackHost, linger: float, cohort_wait: float = 0.0, enabled: bool = True) -> None:
         self.worker = worker
         self.linger = linger
         self.cohort_wait = cohort_wait
@@ -105,22 +152,21 @@ class Packer:
                 batch = [datum.to_datum() for datum in data.data]
                 validate_batch(batch, data.loss_fn, files.vocab_size, files.max_context)
             except Exception as exc:  # this request's own failure
-                worker._fail(event, exc)
+                worker.fail(event, exc)
                 continue
             requests.append(PackRequest(model_id, batch, data.loss_fn, data.loss_fn_config, data.forward_only))
             checked.append(event)
         if not requests:
             return
-        jobs = [worker._job(model_id) for model_id in models]
         computed = False
         asked = time.monotonic()
         try:
-            with worker.slicer.turn(jobs[0], also=tuple(jobs[1:])) as turn:
-                with worker._state:
+            with worker.shared_turn(models) as turn:
+                with worker.state:
                     began = time.monotonic()
                     started = datetime.now(timezone.utc)
                     for model_id in models:
-                        worker._ensure_resident(model_id, turn)
+                        worker.ensure_resident(model_id, turn)
                     results = engine.forward_backward_many(requests)
                     computed = True
                 passed = time.monotonic()
@@ -134,7 +180,7 @@ class Packer:
                 )  # what the SDKs sent after the pass's requests (optim_step, save) came meanwhile
                 try:
                     for model_id in models:
-                        worker._run_ready(follow.pop(model_id, []) + worker._ready.pop(model_id, []), turn, answers)
+                        worker.run_ready(follow.pop(model_id, []) + worker.take_arrived(model_id), turn, answers)
                 finally:
                     worker.publisher.publish_many(answers)
         except Fenced as fenced:
@@ -142,29 +188,26 @@ class Packer:
             # publish nothing; the replacement replays these requests.
             log.error("trainer: models %s were taken over (%s); dropping them here", models, fenced.detail)
             for model_id in models:
-                worker._lost.add(model_id)
-                worker._forget(model_id)
+                worker.lose(model_id)
             return
         except Exception as exc:
             if computed:  # the gradients are in: running again would apply them twice
                 for event in checked:
-                    worker._fail(event, exc)
+                    worker.fail(event, exc)
                 return
             log.exception("trainer: no packed turn on %s; its requests run one model at a time", base)
             for _model_id, ready in members:
-                worker._run_ready(ready)
+                worker.run_ready(ready)
             return
         log.debug("trainer: packed %d requests of %d models on %s (%s) waited %.3f s for its turn, pass %.3f s, follow-ups %.3f s",
                   len(requests), len(models), base, ", ".join(models), began - asked, passed - began, time.monotonic() - passed)  # fmt: skip
 
     def _publish(self, checked: list, results: list, started: datetime, lease) -> None:
         """The pass's answers, in one append."""
-        from functions.trainer.worker import with_started
-
         worker, replies = self.worker, []
         for event, result in zip(checked, results):
             if isinstance(result, Exception):
-                worker._fail(event, result)
+                worker.fail(event, result)
             else:
                 outcome = with_started(worker.forward_backward_result(result, event.data), started)
                 payload = RequestCompleted(request_id=event.data.request_id, **outcome)

@@ -30,6 +30,11 @@ this trainer ever served.
 A fork (`training.fork.requested`) arrives like a create_model, on the new run's key: the
 run is rebuilt as the event says (`forks`: the parent's snapshot or creation, then its
 logged requests) and saved with its optimizer as the fork's first checkpoint.
+
+This module holds the loop (poll, order, schedule the turns). The worker's other parts are
+mixins over the same state, one module each: `turns` (running a model's requests in a turn
+and answering them), `residency` (engines, timeslicer jobs, park, restore, release, cancel)
+and `handlers` (the request verbs); `packer` runs several models' requests as shared passes.
 """
 
 from __future__ import annotations
@@ -38,39 +43,29 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Callable, Optional
-
-import numpy as np
 
 from eventing import topics
 from eventing.blobs import BlobStore
 from eventing.bus import EventBus, EventPublisher, Record
 from eventing.offsets import OffsetTracker
-from eventing.store.projections import expiry
 from functions.compute import host_memory
 from functions.compute.models import ModelDirectory
-from functions.compute.weight_sync import MANIFEST
-from functions.timeslicer.client import Fenced, TimeslicerClient
+from functions.timeslicer.client import TimeslicerClient
 from functions.timeslicer.setup import device_name, private
-from functions.trainer import forks
+from functions.trainer.handlers import Handlers
 from functions.trainer.packer import Packer
 from functions.trainer.recovery import ModelSlot, Recovery, position
+from functions.trainer.residency import Residency
 from functions.trainer.snapshots import SnapshotStore
-from openrl_core.datum import validate_batch
-from openrl_core.errors import NotFound, OpenRLError
+from functions.trainer.turns import SOURCE, Turns
+from openrl_core.errors import NotFound
 from openrl_core.events import Event, new_event
 from openrl_core.events import training as te
-from openrl_core.events.base import event_type
-from openrl_core.events.lifecycle import CheckpointSaved, RequestCompleted, RequestFailed, SamplingSessionBound
 from openrl_core.events.recovery import SNAPSHOT_TAKEN
-from openrl_core.eviction import Action, RunFacts, decide
 from openrl_core.fairness import FairQueue
-from openrl_core.seqgate import SeqGate
-from openrl_core.tensors import Array
 
 log = logging.getLogger(__name__)
-SOURCE = "/openrl/trainer"
 KINDS = ("lora", "full")
 # While a loop keeps taking in requests that arrive during its turns, it commits this often.
 ABSORB_SECONDS = 1.0
@@ -96,7 +91,7 @@ class TrainerOptions:
     release_runs_after: float = 0.0  # seconds without a request before a run's state is released (0: never)
 
 
-class TrainerWorker:
+class TrainerWorker(Turns, Residency, Handlers):
     def __init__(
         self,
         bus: EventBus,
@@ -347,437 +342,28 @@ class TrainerWorker:
         if ready:
             self._ready.setdefault(model_id, []).extend(ready)
 
-    def _run_ready(self, ready: list, turn=None, replies: Optional[list] = None) -> None:
-        """A model's ready requests, in seq order, in one turn (`turn`: one already held that
-        covers its job, as a packed pass's turn does; `replies`: where to leave the answers
-        for the caller to publish, instead of publishing each at once)."""
-        items = []
-        for seq_id, (record, event) in ready:
-            self.offsets.release(record.topic, record.partition, record.offset)
-            model_id = event.data.model_id
-            slot = self.slots[model_id]
+    # -- what the packer uses (`packer.PackHost`) ---------------------------------------
 
-            # Recovery's bookkeeping happens as each request runs, in order: a snapshot taken
-            # after an optim_step must see the requests after it as not yet covered.
-            def before(slot=slot, where=position(record), gradients=_accumulates(event)):
-                slot.applied(where)
-                if gradients:
-                    slot.clean = False  # even if it fails midway: its gradients are unknown
+    @property
+    def state(self) -> threading.Lock:
+        return self._state
 
-            after = None
-            if event.type == te.OPTIM_STEP["requested"]:
-                # A clean point (no gradients pending): the one place a snapshot may be taken,
-                # in the same turn, before anything later runs.
-                def after(slot=slot, seq_id=seq_id, model_id=model_id):
-                    self.recovery.after_optim_step(model_id, slot, seq_id, self._engine(slot).copy_state)
+    def shared_turn(self, model_ids: list[str]):
+        jobs = [self._job(model_id) for model_id in model_ids]
+        return self.slicer.turn(jobs[0], also=tuple(jobs[1:]))
 
-            items.append((event, self._handlers[event.type], before, after))
-        if items:
-            self._execute_all(items[0][0].data.model_id, items, turn, replies)
+    def ensure_resident(self, model_id: str, turn) -> None:
+        self._ensure_resident(model_id, turn)
 
-    def _execute(self, event: Event, handler: Callable[[Event], dict], model_id: str, create=None) -> None:
-        if create is not None and not self.slicer.registered(self._job(model_id)):
-            try:
-                self._register(model_id, *create)
-            except Exception as exc:
-                self._fail(event, exc)
-                return
-        self._execute_all(model_id, [(event, handler, None, None)])
+    def take_arrived(self, model_id: str) -> list:
+        return self._ready.pop(model_id, [])
 
-    def _execute_all(self, model_id: str, items: list, turn=None, replies: Optional[list] = None) -> None:
-        """Run requests of one model in one turn of its job (or in `turn`, held already);
-        emit each one's completion (under the lease confirmed after it) or failure. A failure
-        is its request's alone."""
-        answered = [0]
-        try:
-            if turn is None:
-                with self.slicer.turn(self._job(model_id)) as own:
-                    self._run_items(model_id, items, own, answered, replies)
-            else:
-                self._run_items(model_id, items, turn, answered, replies)
-        except Fenced as fenced:
-            log.error("trainer: %s was taken over by another worker (%s); dropping it here", model_id, fenced.detail)
-            self._lost.add(model_id)
-            self._forget(model_id)
-        except Exception as exc:  # no turn (the timeslicer refused): the unanswered requests say so
-            for event, *_ in items[answered[0] :]:
-                self._fail(event, exc)
+    def run_ready(self, ready: list, turn=None, replies: Optional[list] = None) -> None:
+        self._run_ready(ready, turn, replies)
 
-    def _run_items(self, model_id: str, items: list, turn, answered: list[int], replies: Optional[list] = None) -> None:
-        for event, handler, before, after in items:
-            if before is not None:
-                before()
-            try:
-                with self._state:
-                    started = datetime.now(timezone.utc)
-                    self._ensure_resident(model_id, turn)
-                    outcome = with_started(handler(event), started)
-                    if event.type in _CLEANS and (slot := self.slots.get(model_id)) is not None:
-                        slot.clean = True  # the step (or the load) consumed the gradients
-                    if after is not None:
-                        after()
-            except Exception as exc:  # reported on its own future
-                self._fail(event, exc)
-                answered[0] += 1
-                continue
-            lease = turn.confirm()  # outside the state lock: it may wait for a new turn
-            reply = self.reply(event, "completed", RequestCompleted(request_id=event.data.request_id, **outcome), lease)
-            if replies is None:
-                self.publisher.publish(*reply)
-            else:
-                replies.append(reply)
-            answered[0] += 1
+    def fail(self, event: Event, exc: Exception) -> None:
+        self._fail(event, exc)
 
-    def _fail(self, event: Event, exc: Exception) -> None:
-        if isinstance(exc, OpenRLError):
-            error, category = exc.detail, exc.category
-        else:
-            log.exception("trainer: %s failed", event.type)
-            error, category = f"{type(exc).__name__}: {exc}", "server"
-        self._emit(event, "failed", RequestFailed(request_id=event.data.request_id, error=error, category=category))
-
-    def _emit(self, request: Event, phase: str, payload, lease: Optional[int] = None) -> None:
-        self.publisher.publish(*self.reply(request, phase, payload, lease))
-
-    def reply(self, request: Event, phase: str, payload, lease: Optional[int] = None):
-        """(topic, event, dedup) of a request's answer, for `publish` or `publish_many`."""
-        type_ = event_type(request.family, request.verb, phase)
-        reply = new_event(
-            type_,
-            payload,
-            tenant=request.tenant,
-            source=SOURCE,
-            key=request.key,
-            subject=payload.request_id,
-            lease=lease,
-        )
-        return topics.topic(request.tenant, "completions"), reply, None
-
-    # -- engines and the timeslicer -------------------------------------------------------
-
-    def engine(self, base_model: str):
-        """The LoRA engine of a base model (an alias shares its target's base weights)."""
-        key = self.models.canonical(base_model)
-        if key not in self._lora:
-            from functions.trainer.engine import TrainerEngine
-
-            engine = TrainerEngine(
-                self.models.files(base_model), device=self.device,
-                max_padded_tokens=self.options.pack_max_tokens, max_rows=self.options.pack_max_rows,
-                max_shared_pass_bytes=self.options.pack_max_shared_bytes,
-            )  # fmt: skip
-            # The frozen base is resident for as long as this worker lives: it never parks.
-            self.slicer.register(
-                f"{self.instance}/base/{key}", engine.base_bytes(), self.slicer_device, parkable=False, resident=True
-            )
-            self._lora[key] = engine
-        return self._lora[key]
-
-    def full_engine(self, base_model: str):
-        key = self.models.canonical(base_model)
-        if key not in self._full:
-            from functions.trainer.full import FullFinetuneEngine
-
-            self._full[key] = FullFinetuneEngine(
-                self.models.files(base_model), device=self.device, serving_dtype=self.options.serving_dtype,
-                full_every=self.options.delta_full_every, max_share=self.options.delta_max_share,
-            )  # fmt: skip
-        return self._full[key]
-
-    def _engine(self, slot: ModelSlot):
-        return self.full_engine(slot.base_model) if slot.full else self.engine(slot.base_model)
-
-    def _job(self, model_id: str) -> str:
-        """A model's timeslicer job: named after this worker (its pod name first, which is how
-        the scheduler knows its own) so a replacement with the same identity takes it over."""
-        return f"{self.instance}/model/{model_id}"
-
-    def _register(self, model_id: str, full: bool, base_model: str, lora=None) -> None:
-        if full:
-            nbytes = self.full_engine(base_model).state_bytes_estimate()
-        else:
-            from openrl_core.params import LoraConfig
-
-            nbytes = self.engine(base_model).adapter_bytes_estimate(lora or LoraConfig(rank=32))
-        self.slicer.register(
-            self._job(model_id), nbytes, self.slicer_device, parkable=True, resident=False, group=model_id
-        )
-
-    def _ensure_resident(self, model_id: str, turn) -> None:
-        slot = self.slots.get(model_id)
-        if slot is None:
-            return  # being created: nothing to restore
-        engine = self._engine(slot)
-        if engine.is_parked(model_id):
-            seconds, nbytes = engine.restore(model_id)
-            self.slicer.report_restored(self._job(model_id), seconds, nbytes)
-
-    def _park(self, job: str) -> tuple[float, int]:
-        """The timeslicer asks: move this model's state to host memory (park thread)."""
-        model_id = job.split("/model/", 1)[1]
-        with self._state:
-            slot = self.slots.get(model_id)
-            if slot is None:
-                return 0.0, 0
-            seconds, nbytes = self._engine(slot).park(model_id)
-        log.info("trainer: parked %s (%.1f MB in %.3f s)", model_id, nbytes / 1e6, seconds)
-        return seconds, nbytes
-
-    def _cancel(self, model_id: str) -> None:
-        """The run was cancelled: drop what it held here (its requests waiting for a seq gap,
-        those ready in this poll, its adapter or weights with their optimizer state, its
-        timeslicer job). Its futures were already failed by the cancellation's projection."""
-        self._cancelled.add(model_id)
-        slot = self.slots.get(model_id)
-        queued = self._ready.pop(model_id, []) + self._fair.discard(model_id)
-        waiting = (slot.gate.discard() if slot is not None else []) + [item for _seq, item in queued]
-        for record, _event in waiting:
-            self.offsets.release(record.topic, record.partition, record.offset)
-        self._drop(model_id)
-        log.info("trainer: %s was cancelled; dropped its state and %d request(s) not yet run", model_id, len(waiting))
-
-    def _release_idle_runs(self) -> None:
-        """Release the runs idle for `release_runs_after` (see the module docstring)."""
-        after = self.options.release_runs_after
-        if after <= 0 or self.recovery.snapshotter is None:
-            return  # without snapshots a released run could not come back
-        now = time.monotonic()
-        for model_id, slot in list(self.slots.items()):
-            facts = RunFacts(
-                idle_seconds=now - slot.last_active, clean=slot.clean, busy=bool(slot.gate.held),
-                snapshot_in_flight=slot.pending_seq is not None, covered=slot.covered,
-            )  # fmt: skip
-            action = decide(facts, after)
-            if action is Action.SNAPSHOT:
-                with self.slicer.turn(self._job(model_id)) as turn:
-                    with self._state:
-                        self._ensure_resident(model_id, turn)
-                        self.recovery.snapshot_now(model_id, slot, self._engine(slot).copy_state)
-            elif action is Action.RELEASE:
-                self._drop(model_id)
-                log.info(
-                    "trainer: released %s after %.0f s idle; its next request restores its snapshot",
-                    model_id,
-                    facts.idle_seconds,
-                )
-
-    def _drop(self, model_id: str) -> None:
-        """Everything this worker holds of a run: its state, its timeslicer job, its cohort place."""
-        with self._state:
-            self._forget(model_id)
-        if self.slicer.registered(self._job(model_id)):
-            self.slicer.unregister(self._job(model_id))
-        self.packer.forget(model_id)
-
-    def _forget(self, model_id: str) -> None:
-        slot = self.slots.pop(model_id, None)
-        if slot is None:
-            return
-        engine = self._engine(slot)
-        if slot.full:
-            engine.drop(model_id)
-        elif engine.has_adapter(model_id):
-            engine.drop_adapter(model_id)
-
-    # -- verbs ---------------------------------------------------------------------------
-
-    def _restore(self, tenant: str, model_id: str, locked: bool = False) -> Optional[ModelSlot]:
-        """Rebuild a model this trainer does not hold from its latest snapshot, if it has one."""
-        snapshot = self.recovery.latest(tenant, model_id)
-        if snapshot is None:
-            return None
-        full = bool(snapshot.full_finetune)
-        files = self.recovery.files(tenant, snapshot)
-
-        def load():
-            if full:
-                self.full_engine(snapshot.base_model).import_state(model_id, files, with_optimizer=True)
-            else:
-                self.engine(snapshot.base_model).import_state(model_id, files, with_optimizer=True)
-
-        if locked:
-            load()
-        else:
-            if not self.slicer.registered(self._job(model_id)):
-                self._register(model_id, full, snapshot.base_model, snapshot.lora_config)
-            with self.slicer.turn(self._job(model_id)):
-                with self._state:
-                    load()
-        slot = ModelSlot(
-            tenant,
-            snapshot.base_model,
-            snapshot.session_id,
-            snapshot.lora_config,
-            gate=SeqGate(snapshot.next_seq),
-            full=full,
-        )
-        self.slots[model_id] = slot
-        log.info("trainer: restored %s from its snapshot at seq %d", model_id, snapshot.next_seq - 1)
-        return slot
-
-    def _slot(self, event: Event) -> ModelSlot:
-        slot = self.slots.get(event.data.model_id)
-        if slot is None or slot.tenant != event.tenant:
-            raise NotFound(f"model {event.data.model_id!r} is not loaded on this trainer")
-        return slot
-
-    def _create(self, event: Event) -> dict:
-        data = event.data
-        full = bool(data.full_finetune)
-        if data.model_id not in self.slots and self._restore(event.tenant, data.model_id, locked=True) is None:
-            if full:
-                engine = self.full_engine(data.base_model)
-                engine.create(data.model_id)
-            else:
-                engine = self.engine(data.base_model)
-                engine.create_adapter(data.model_id, data.lora_config)
-            if isinstance(data, te.LoadWeightsRequested):
-                try:
-                    engine.import_state(data.model_id, self._read(event.tenant, data.files), data.with_optimizer)
-                except OpenRLError:
-                    if full:
-                        engine.drop(data.model_id)
-                    else:
-                        engine.drop_adapter(data.model_id)
-                    raise
-            self.slots[data.model_id] = ModelSlot(
-                event.tenant, data.base_model, data.session_id, data.lora_config, full=full
-            )
-        if isinstance(data, te.LoadWeightsRequested):
-            return {"result": {"path": data.path, "model_id": data.model_id, "type": "load_weights"}}
-        return {"result": {"model_id": data.model_id, "type": "create_model"}}
-
-    def _fork(self, event: Event) -> dict:
-        """A new run rebuilt as another run's state at a step (see `forks`), then saved with its
-        optimizer as the fork's first checkpoint, the path the SDK loads it from."""
-        data = event.data
-        full = bool(data.full_finetune)
-        engine = self.full_engine(data.base_model) if full else self.engine(data.base_model)
-        if data.model_id not in self.slots and self._restore(event.tenant, data.model_id, locked=True) is None:
-            forks.rebuild(engine, data.model_id, data, lambda refs: self._read(event.tenant, refs), full)
-            self.slots[data.model_id] = ModelSlot(
-                event.tenant, data.base_model, data.session_id, data.lora_config, full=full
-            )
-        files = self._write(event.tenant, engine.export_state(data.model_id))
-        checkpoint = CheckpointSaved(
-            run_id=data.model_id,
-            kind="weights",
-            name=data.checkpoint_name,
-            files=files,
-            user_metadata=data.user_metadata,
-        )
-        result = {"model_id": data.model_id, "path": checkpoint.tinker_path, "type": "fork",
-                  "snapshot_step": data.snapshot_step if data.snapshot is not None else None,
-                  "replayed_requests": len(data.replay)}  # fmt: skip
-        return {"result": result, "checkpoint": checkpoint}
-
-    def _forward_backward(self, event: Event) -> dict:
-        data = event.data
-        slot = self._slot(event)
-        files = self.models.files(slot.base_model)
-        batch = [record.to_datum() for record in data.data]
-        validate_batch(batch, data.loss_fn, files.vocab_size, files.max_context)
-        output = self._engine(slot).forward_backward(
-            data.model_id, batch, data.loss_fn, data.loss_fn_config, data.forward_only
-        )
-        return self.forward_backward_result(output, data)
-
-    @staticmethod
-    def forward_backward_result(output, request) -> dict:
-        outputs = [{"logprobs": Array.from_numpy(lp).model_dump()} for lp in output.logprobs]
-        # For the per-step metrics projection: what the step trained on (kept in the event only).
-        tokens = sum(int(np.prod(record.tokens.shape)) for record in request.data)
-        details = {"tokens": tokens, "forward_only": bool(request.forward_only)}
-        result = {"loss_fn_output_type": "ArrayRecord", "loss_fn_outputs": outputs, "metrics": output.metrics}
-        return {"result": result, "details": details}
-
-    def _optim_step(self, event: Event) -> dict:
-        slot = self._slot(event)
-        metrics = self._engine(slot).optim_step(event.data.model_id, event.data.adam_params)
-        return {"result": {"metrics": metrics}}
-
-    def _save_weights(self, event: Event) -> dict:
-        data = event.data
-        slot = self._slot(event)
-        files = self._write(event.tenant, self._engine(slot).export_state(data.model_id))
-        checkpoint = _checkpoint(data, "weights", files, user_metadata=data.user_metadata)
-        return {"result": {"path": checkpoint.tinker_path, "type": "save_weights"}, "checkpoint": checkpoint}
-
-    def _save_for_sampler(self, event: Event) -> dict:
-        data = event.data
-        slot = self._slot(event)
-        adapter = weights = None
-        details = None
-        if slot.full:
-            publication = self.full_engine(slot.base_model).publish(
-                data.model_id, data.seq_id, lambda content: self.blobs.put(event.tenant, content)
-            )
-            weights = publication.manifest
-            files = {MANIFEST: weights, **{f"chain/{i:03d}": ref for i, ref in enumerate(publication.chain)}}
-            details = {"publication": {k: v for k, v in publication.__dict__.items() if k not in ("manifest", "chain")}}
-            log.info("trainer: %s published version %d as %s (%s): %d of %d elements changed, %d bytes",
-                     data.model_id, data.seq_id, publication.kind, publication.reason, publication.changed,
-                     publication.elements, publication.file_bytes)  # fmt: skip
-        else:
-            files = adapter = self._write(event.tenant, self.engine(slot.base_model).export_adapter(data.model_id))
-        if data.name is not None:
-            checkpoint = _checkpoint(data, "sampler_weights", files, user_metadata=data.user_metadata)
-            result = {"path": checkpoint.tinker_path, "type": "save_weights_for_sampler"}
-            return {"result": result, "checkpoint": checkpoint, "details": details}
-        bound = SamplingSessionBound(
-            sampling_session_id=data.sampling_session_id,
-            session_id=slot.session_id,
-            base_model=slot.base_model,
-            adapter=adapter,
-            weights=weights,
-        )
-        result = {"sampling_session_id": data.sampling_session_id, "type": "save_weights_for_sampler"}
-        return {"result": result, "sampling_session": bound, "details": details}
-
-    def _save_external(self, event: Event) -> dict:
-        """LoRA: plain PEFT files; full: a Hugging Face model directory. For download."""
-        data = event.data
-        slot = self._slot(event)
-        engine = self._engine(slot)
-        exported = engine.export_external(data.model_id) if slot.full else engine.export_adapter(data.model_id)
-        files = self._write(event.tenant, exported)
-        checkpoint = _checkpoint(data, "external_weights", files)
-        result = {"path": checkpoint.tinker_path, "size_bytes": checkpoint.size_bytes, "type": "save_weights_external"}
-        return {"result": result, "checkpoint": checkpoint}
-
-    def _load_in_place(self, event: Event) -> dict:
-        data = event.data
-        slot = self._slot(event)
-        self._engine(slot).import_state(data.model_id, self._read(event.tenant, data.files), data.with_optimizer)
-        return {"result": {"path": data.path, "model_id": data.model_id, "type": "load_weights"}}
-
-    def _write(self, tenant: str, files: dict[str, bytes]):
-        return {name: self.blobs.put(tenant, content) for name, content in files.items()}
-
-    def _read(self, tenant: str, refs) -> dict[str, bytes]:
-        return {name: self.blobs.get(tenant, ref) for name, ref in refs.items()}
-
-
-# Requests after which a run holds no accumulated gradients.
-_CLEANS = (te.OPTIM_STEP["requested"], te.LOAD_WEIGHTS["requested"])
-
-
-def _accumulates(event: Event) -> bool:
-    return event.type == te.FORWARD_BACKWARD["requested"] and not event.data.forward_only
-
-
-def with_started(outcome: dict, started: datetime) -> dict:
-    """Add when the work began to the completion's details (the step metrics' queue wait)."""
-    return {**outcome, "details": {**(outcome.get("details") or {}), "started": started.isoformat()}}
-
-
-def _checkpoint(data, kind: str, files: dict, **extra) -> CheckpointSaved:
-    """The record of a named save request's files; its TTL counts from now."""
-    return CheckpointSaved(
-        run_id=data.model_id,
-        kind=kind,
-        name=data.name,
-        files=files,
-        expires_at=expiry(data.ttl_seconds, datetime.now(timezone.utc)),
-        **extra,
-    )
+    def lose(self, model_id: str) -> None:
+        self._lost.add(model_id)
+        self._forget(model_id)

@@ -1,6 +1,6 @@
 """What the store writes for JSON and SQLite datetime columns, against the reference each
 replaced: `json.dumps` (`database.json_text`) and SQLAlchemy's own SQLite DATETIME bind
-processor (`unit_of_work._bind_processor`)."""
+processor (`driver_writes._bind_processor`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from sqlalchemy import DateTime, select
 from sqlalchemy.dialects import sqlite
 
 from eventing.store import database, tables
-from eventing.store.unit_of_work import _bind_processor
+from eventing.store.driver_writes import _bind_processor
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(min_value=-(2**80), max_value=2**80) | st.floats() | st.text(),

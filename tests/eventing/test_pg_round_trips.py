@@ -15,9 +15,9 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from eventing.store import pg_round_trips
 from eventing.store import tables as t
 from eventing.store.database import make_engine, upgrade
+from eventing.store.driver_writes import driver_execute, execute_many
 from eventing.store.event_store import EventStore
 from eventing.store.kept import kept
-from eventing.store.unit_of_work import driver_execute, execute_many
 from tests.conftest import PG_ADMIN
 
 pytestmark = pytest.mark.postgres

@@ -17,12 +17,12 @@ from sqlalchemy.pool import StaticPool
 from eventing.blobs import BlobStore
 from eventing.codec import Codec
 from eventing.replay import diff, rebuild, rebuild_from_events
-from eventing.store import database, tables
+from eventing.store import database, driver_reads, tables
 from eventing.store import unit_of_work as uow
+from eventing.store.driver_writes import DeferredWrites
 from eventing.store.event_store import Dedup, EventStore
 from eventing.store.queries import Projections
 from eventing.store.sqlite_writer import SqliteWriter
-from eventing.store.unit_of_work import DeferredWrites
 from openrl_core.events import new_event
 from openrl_core.events import training as te
 from openrl_core.events.lifecycle import RequestCompleted
@@ -51,7 +51,7 @@ def steps(store: EventStore, count: int) -> None:
 
 def selects(engine, monkeypatch) -> list[str]:
     """The SELECTs run on `engine`: through SQLAlchemy, and the unit of work's and the event
-    store's reads in driver SQL (`unit_of_work.driver_rows`, and `driver_rows_many`, which
+    store's reads in driver SQL (`driver_reads.driver_rows`, and `driver_rows_many`, which
     sends a pipelined transaction's reads together), which SQLAlchemy's events do not see."""
     seen: list[str] = []
 
@@ -60,17 +60,20 @@ def selects(engine, monkeypatch) -> list[str]:
         if statement.lstrip().upper().startswith("SELECT"):
             seen.append(statement)
 
-    def driver_rows(conn, sql, params, _read=uow.driver_rows):
+    def driver_rows(conn, sql, params, _read=driver_reads.driver_rows):
         if conn.engine is engine:
             seen.append(sql)
         return _read(conn, sql, params)
 
-    def driver_rows_many(conn, queries, _read=uow.driver_rows_many):
-        if uow.sent_together(conn, queries) and conn.engine is engine:
+    def driver_rows_many(conn, queries, _read=driver_reads.driver_rows_many):
+        if driver_reads.sent_together(conn, queries) and conn.engine is engine:
             seen.extend(sql for sql, _params in queries)  # otherwise each goes through driver_rows
         return _read(conn, queries)
 
-    monkeypatch.setattr(uow, "driver_rows", driver_rows)
+    # The unit of work calls both by the names it imported; `driver_rows_many` calls
+    # `driver_rows` in its own module when it sends the reads one by one.
+    for module in (uow, driver_reads):
+        monkeypatch.setattr(module, "driver_rows", driver_rows)
     monkeypatch.setattr(uow, "driver_rows_many", driver_rows_many)
     return seen
 

@@ -1,4 +1,4 @@
-"""The unit of work's reads (driver SQL, `unit_of_work._Reader`) give what SQLAlchemy Core's
+"""The unit of work's reads (driver SQL, `driver_reads._Reader`) give what SQLAlchemy Core's
 select gives for the same keys: the reference is `select(table).where(...)` on the same
 connection. The rows are the awkward ones of the writes' test (JSON, bytes-like text, NULLs,
 big integers, timestamps with microseconds); keys single and composite, some absent."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import Integer, and_, insert, or_, select
 
-from eventing.store import database
+from eventing.store import database, driver_reads, row_tables
 from eventing.store import tables as t
 from eventing.store import unit_of_work as uow
 from tests.eventing.sqlite_plans import plan_of
@@ -35,10 +35,10 @@ def engine(store_url):
 
 
 def core(conn, table, keys) -> dict:
-    columns = [table.c[name] for name in uow._PRIMARY[table.name]]
+    columns = [table.c[name] for name in row_tables._PRIMARY[table.name]]
     match = or_(*(and_(*(c == v for c, v in zip(columns, key))) for key in keys))
     return {
-        uow.key_of(table.name, dict(row._mapping)): dict(row._mapping)
+        row_tables.key_of(table.name, dict(row._mapping)): dict(row._mapping)
         for row in conn.execute(select(table).where(match))
     }
 
@@ -58,7 +58,10 @@ def core(conn, table, keys) -> dict:
 def test_driver_reads_give_what_core_gives(engine, table, keys):
     with engine.connect() as conn:
         want = core(conn, table, keys)
-        got = {uow.key_of(table.name, row): row for row in uow._reader(conn.dialect, table.name).by_keys(conn, keys)}
+        got = {
+            row_tables.key_of(table.name, row): row
+            for row in driver_reads._reader(conn.dialect, table.name).by_keys(conn, keys)
+        }
         assert len(want) == len(keys) - (1 if table is t.futures else 2)  # the absent keys are absent
         assert got == want
         assert {type(v) for row in got.values() for v in row.values()} == {
@@ -70,7 +73,7 @@ def test_driver_reads_give_what_core_gives(engine, table, keys):
         for key in keys:
             expected = want.get(key)
             if expected is not None:
-                expected = {k: uow.utc(v) if k in uow._DATETIMES[table.name] else v for k, v in expected.items()}
+                expected = {k: uow.utc(v) if k in row_tables._DATETIMES[table.name] else v for k, v in expected.items()}
             assert rows.get(table.name, *key) == expected
 
 
@@ -79,11 +82,11 @@ def test_a_read_sees_its_transactions_own_writes(engine):
     row = future_rows("own-")[2]
     with engine.begin() as conn:
         conn.execute(insert(t.futures), row)
-        (got,) = uow._reader(conn.dialect, "futures").by_keys(conn, [("own-2",)])
+        (got,) = driver_reads._reader(conn.dialect, "futures").by_keys(conn, [("own-2",)])
         assert got["result"] == row["result"] and got["tokens"] == row["tokens"]
         conn.rollback()
     with engine.connect() as conn:
-        assert uow._reader(conn.dialect, "futures").by_keys(conn, [("own-2",)]) == []
+        assert driver_reads._reader(conn.dialect, "futures").by_keys(conn, [("own-2",)]) == []
 
 
 def test_a_runs_latest_step_reads_as_cores_greatest(engine):
@@ -108,7 +111,7 @@ def test_a_runs_latest_step_reads_as_cores_greatest(engine):
                 assert got is None
             else:
                 assert got == {
-                    k: uow.utc(v) if k in uow._DATETIMES["run_steps"] else v for k, v in want._mapping.items()
+                    k: uow.utc(v) if k in row_tables._DATETIMES["run_steps"] else v for k, v in want._mapping.items()
                 }
         assert [rows.latest("run_steps", "step", "model_id", run)["step"] for run in runs[:3]] == [3, 11, 11]
 
@@ -135,7 +138,7 @@ def test_a_lookups_values_are_processed_only_when_asked_for(engine, monkeypatch)
     from eventing.store.queries import Projections
 
     calls: list[str] = []
-    reader = uow._reader(engine.dialect, "futures")
+    reader = driver_reads._reader(engine.dialect, "futures")
     with engine.connect() as conn:
         reader.by_keys(conn, [("read-1",)])  # the processors are known from a first read
     monkeypatch.setattr(
@@ -175,7 +178,7 @@ def test_a_fresh_rows_latest_is_the_greatest_of_what_it_holds_asked_in_any_order
         assert latest(model) == inserted[model]
 
 
-COMPOSITE = [name for name in t.metadata.tables if len(uow._PRIMARY.get(name, ())) > 1]
+COMPOSITE = [name for name in t.metadata.tables if len(row_tables._PRIMARY.get(name, ())) > 1]
 
 
 @pytest.mark.parametrize("count", [1, 8, 500])
@@ -184,16 +187,16 @@ def test_sqlite_reads_a_composite_key_by_its_whole_primary_key(tmp_path, table, 
     """SQLite's plan for a read by composite keys searches the primary key with every one of
     its columns, once per key, and never scans the table: its row-value forms did (a scan
     for `IN (VALUES ...)`, the first column only for `IN (SELECT ...)`), so every batch's
-    submissions lookup grew with the table (unit_of_work._Reader)."""
+    submissions lookup grew with the table (driver_reads._Reader)."""
     engine = database.make_engine(f"sqlite:///{tmp_path / 'plan.db'}")
     database.upgrade(engine)
-    columns = uow._PRIMARY[table]
+    columns = row_tables._PRIMARY[table]
     keys = [
         tuple(i if isinstance(t.metadata.tables[table].c[c].type, Integer) else f"k{i}" for c in columns)
         for i in range(count)
     ]
     with engine.connect() as conn:
-        sql, params = uow._reader(conn.dialect, table).query(keys)
+        sql, params = driver_reads._reader(conn.dialect, table).query(keys)
         plan = plan_of(conn, sql, params)
     engine.dispose()
     touching = [step for step in plan if f" {table} " in f" {step} "]
@@ -217,6 +220,9 @@ def test_a_runs_steps_read_by_composite_key_as_core_reads_them(engine):
     keys = [("m0", 0), ("m0", 4), ("m1", 2), ("m1", 9), ("m9", 0)]
     with engine.connect() as conn:
         want = core(conn, t.run_steps, keys)
-        got = {uow.key_of("run_steps", row): row for row in uow._reader(conn.dialect, "run_steps").by_keys(conn, keys)}
+        got = {
+            row_tables.key_of("run_steps", row): row
+            for row in driver_reads._reader(conn.dialect, "run_steps").by_keys(conn, keys)
+        }
     assert sorted(want) == [("m0", 0), ("m0", 4), ("m1", 2)]
     assert got == want

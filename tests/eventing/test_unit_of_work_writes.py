@@ -1,6 +1,6 @@
 """The unit of work's batched writes store exactly what one INSERT per row stores.
 
-On PostgreSQL a batch of inserts goes as one COPY (`unit_of_work._RowsInsert`), on SQLite as
+On PostgreSQL a batch of inserts goes as one COPY (`driver_writes._RowsInsert`), on SQLite as
 one executemany; the reference is the same rows written one statement each (SQLAlchemy's
 own `conn.execute(insert(table), row)`), read back from another part of the same table.
 The values are the awkward ones for COPY's text format: tabs, newlines, backslashes, quotes,
@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import insert, select
 from sqlalchemy.exc import IntegrityError
 
-from eventing.store import database
+from eventing.store import database, driver_writes
 from eventing.store import tables as t
 from eventing.store import unit_of_work as uow
 
@@ -82,7 +82,7 @@ def engine(store_url):
 def test_a_batch_stores_what_one_insert_per_row_stores(engine, table, column, make):
     batch, reference = make("batch-"), make("alone-")
     with engine.begin() as conn:
-        uow.execute_many(conn, insert(table), batch)
+        driver_writes.execute_many(conn, insert(table), batch)
         for row in reference:
             conn.execute(insert(table), row)
     by_batch, alone = stored(engine, table, column, "batch-"), stored(engine, table, column, "alone-")
@@ -92,7 +92,9 @@ def test_a_batch_stores_what_one_insert_per_row_stores(engine, table, column, ma
     for i, row in enumerate(make("")):
         expected = {k: v for k, v in row.items() if k != column}
         assert by_batch[str(i)] == expected
-    compiled = [c for (statement_id, dialect, _keys), c in uow._COMPILED.items() if dialect == engine.dialect.name]
+    compiled = [
+        c for (statement_id, dialect, _keys), c in driver_writes._COMPILED.items() if dialect == engine.dialect.name
+    ]
     if engine.dialect.name == "postgresql":  # the batch really went as a COPY, not a fallback
         assert any(
             c.rows_insert is not None and c.rows_insert.copy_sql.startswith(f"COPY {table.name} (") for c in compiled
@@ -105,24 +107,24 @@ def test_a_batch_with_a_row_already_stored_raises_integrity_error_and_stores_not
         conn.execute(insert(t.futures), rows[3])
     with pytest.raises(IntegrityError):
         with engine.begin() as conn:
-            uow.execute_many(conn, insert(t.futures), rows)
+            driver_writes.execute_many(conn, insert(t.futures), rows)
     assert list(stored(engine, t.futures, "request_id", "dup-")) == ["3"]
     # The connection went back to the pool usable: the next batch goes through.
     with engine.begin() as conn:
-        uow.execute_many(conn, insert(t.futures), rows[:3] + rows[4:])
+        driver_writes.execute_many(conn, insert(t.futures), rows[:3] + rows[4:])
     assert sorted(stored(engine, t.futures, "request_id", "dup-")) == [str(i) for i in range(len(AWKWARD))]
 
 
 def test_one_row_already_stored_raises_integrity_error_as_sqlalchemys(engine):
-    """A single row goes to the driver without SQLAlchemy (`unit_of_work.driver_execute`,
+    """A single row goes to the driver without SQLAlchemy (`driver_writes.driver_execute`,
     not a COPY on PostgreSQL): its unique violation still comes out as SQLAlchemy's
     IntegrityError, and the connection serves the next transaction."""
     rows = future_rows("one-")
     with engine.begin() as conn:
-        uow.execute_many(conn, insert(t.futures), rows[:1])
+        driver_writes.execute_many(conn, insert(t.futures), rows[:1])
     with pytest.raises(IntegrityError, match="one-0|UNIQUE|unique|duplicate"):
         with engine.begin() as conn:
-            uow.execute_many(conn, insert(t.futures), rows[:1])
+            driver_writes.execute_many(conn, insert(t.futures), rows[:1])
     with engine.begin() as conn:
-        uow.execute_many(conn, insert(t.futures), rows[1:2])
+        driver_writes.execute_many(conn, insert(t.futures), rows[1:2])
     assert sorted(stored(engine, t.futures, "request_id", "one-")) == ["0", "1"]
