@@ -55,6 +55,7 @@ class EventBus(Protocol):
     def publish_many(self, messages: list[tuple[str, Message]]) -> list[Record]:
         """Append several records at once (one commit, or one pipelined round of sends);
         returns once every one is acknowledged. Each key's records keep their order."""
+        ...
 
     def consumer(
         self,
@@ -67,6 +68,7 @@ class EventBus(Protocol):
     ) -> Consumer:
         """`instance_id`: a stable identity (static membership); a new consumer with the
         id of an earlier one replaces it in the group at once."""
+        ...
 
     def close(self) -> None: ...
 

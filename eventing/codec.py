@@ -11,8 +11,9 @@ enough to replay.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, cast
 
+from cloudevents.core.base import BaseCloudEvent
 from cloudevents.core.bindings import http as ce_http
 from cloudevents.core.bindings import kafka as ce_kafka
 from cloudevents.core.formats.json import JSONFormat
@@ -129,7 +130,7 @@ class Codec:
         cloud_event = ce_http.from_http(ce_http.HTTPMessage(headers=dict(headers), body=body), _FORMAT, CloudEvent)
         return self._to_event(cloud_event)
 
-    def _to_event(self, cloud_event: CloudEvent) -> Event:
+    def _to_event(self, cloud_event: BaseCloudEvent) -> Event:
         attributes = cloud_event.get_attributes()
         data = cloud_event.get_data()
         claim = attributes.get(CLAIM_ATTR)
@@ -139,7 +140,8 @@ class Codec:
         ref = BlobRef(sha256=claim, size=int(attributes.get(CLAIM_SIZE_ATTR, 0))) if claim else None
         if isinstance(data, str):
             data = data.encode()
-        payload = self.unpack(tenant, attributes["type"], data, ref)
+        # `_FORMAT` reads the data as bytes (or None), never as the parsed dict the type allows.
+        payload = self.unpack(tenant, attributes["type"], cast(Optional[bytes], data), ref)
         return Event(
             id=attributes["id"],
             type=attributes["type"],
@@ -193,7 +195,7 @@ def _binary_headers(attributes: dict) -> dict[str, bytes]:
     return headers
 
 
-def _from_kafka(message: Message) -> CloudEvent:
+def _from_kafka(message: Message) -> BaseCloudEvent:
     return ce_kafka.from_binary(
         ce_kafka.KafkaMessage(headers=message.headers, key=message.key, value=message.value), _FORMAT, CloudEvent
     )

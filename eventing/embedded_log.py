@@ -129,7 +129,7 @@ class EmbeddedLog:
         new_topics, rows, outcomes = [], [], []
         now = time.time()
         for write in batch:
-            if write.message is None:
+            if write.message is None or write.topic is None:  # a group's offsets (an append has both)
                 outcomes.append(None)
                 continue
             if write.topic not in known:

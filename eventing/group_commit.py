@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import defaultdict
-from typing import Callable, Generic, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, Generic, Optional, Sequence, TypeVar, Union
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
@@ -37,7 +37,7 @@ class _Slot:
 
     def __init__(self, item, future: Optional[asyncio.Future] = None) -> None:
         self.item = item
-        self.outcome = None
+        self.outcome: Any = None  # the write's Result, or the exception it raised
         self.done = False
         self.future = future  # submit_later's: settled on its loop once written
 
@@ -176,7 +176,7 @@ def _settle(slots: list[_Slot]) -> None:
     """On the loop: hand each awaited outcome over (a caller that gave up is skipped)."""
     for slot in slots:
         future = slot.future
-        if future.done():
+        if future is None or future.done():  # (only slots with a future are settled here)
             continue
         if isinstance(slot.outcome, BaseException):
             future.set_exception(slot.outcome)

@@ -21,13 +21,20 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Optional
+from typing import Any, Optional
 
-import kafka
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition
-from kafka.admin import OffsetSpec
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+
+# The `pyright: ignore`s in this module: pyright's bundled kafka-python stubs describe 2.3,
+# and these names and arguments are 3.0's (the version constraints.txt pins).
+from kafka.admin import OffsetSpec  # pyright: ignore[reportAttributeAccessIssue]
 from kafka.errors import TopicAlreadyExistsError
-from kafka.structs import MemberState
+from kafka.structs import (
+    MemberState,  # pyright: ignore[reportAttributeAccessIssue]
+    OffsetAndMetadata,
+    TopicPartition,
+)
+from kafka.version import __version__ as kafka_version
 
 from eventing.bus import Record
 from eventing.bus import TopicPartition as TP
@@ -56,7 +63,7 @@ class KafkaBus:
         self._replication = replication_factor
         self._publish_timeout = publish_timeout
         self._session_timeout_ms = session_timeout_ms
-        self._consumer_config = dict(
+        self._consumer_config: dict[str, Any] = dict(
             bootstrap_servers=bootstrap_servers,
             client_id=client_id,
             # Kafka's default broker floor (group.min.session.timeout.ms) is 6 s; Tansu
@@ -138,7 +145,7 @@ class KafkaBus:
             try:
                 self._admin.create_topics(
                     {topic: {"num_partitions": self._partitions, "replication_factor": self._replication}},
-                    wait_for_metadata=True,
+                    wait_for_metadata=True,  # pyright: ignore[reportCallIssue] (3.0's; the stubs are 2.3's)
                 )
             except TopicAlreadyExistsError:
                 pass  # another process (or this one, before a restart) created it
@@ -201,7 +208,7 @@ class KafkaBus:
         if count == 0:
             return {}
         specs = {TopicPartition(topic, p): OffsetSpec.LATEST for p in range(count)}
-        found = self._admin.list_partition_offsets(specs)
+        found = self._admin.list_partition_offsets(specs)  # pyright: ignore[reportAttributeAccessIssue] (3.0's)
         return {tp.partition: int(o.offset) for tp, o in found.items()}
 
     def close(self) -> None:
@@ -331,7 +338,7 @@ def _keep_finished_joins(consumer: KafkaConsumer) -> None:
     its result, exactly as kafka-python completes a round it awaited itself.
     """
     coordinator = getattr(consumer, "_coordinator", None)
-    if not kafka.__version__.startswith("3.0.") or not hasattr(coordinator, "_join_task"):
+    if coordinator is None or not kafka_version.startswith("3.0.") or not hasattr(coordinator, "_join_task"):
         return
     join, needed = coordinator.join_group_async, coordinator.need_rejoin
 

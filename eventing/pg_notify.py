@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, LiteralString, Optional
 
 import psycopg
 
@@ -94,7 +94,8 @@ class PgNotifier:
             return
         pieces = row_pieces(rows) + chunks(ids)
         # One statement, so one transaction: its notifications arrive together, in order.
-        statement = "SELECT " + ", ".join(["pg_notify(%s, %s)"] * len(pieces))
+        calls: list[LiteralString] = ["pg_notify(%s, %s)"] * len(pieces)
+        statement = "SELECT " + ", ".join(calls)
         params = [value for piece in pieces for value in (CHANNEL, piece)]
         with self._send_lock:
             for attempt in (1, 2):

@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Any, Generator, Optional, Sequence
 
 from eventing import topics
 from eventing.bus import EventBus
@@ -75,7 +75,7 @@ def rebuild(source: EventStore, target: EventStore, batch: int = 1000) -> tuple[
     return count, time.perf_counter() - started
 
 
-def _fetch(source: EventStore, batch: int) -> Iterator[list[tuple]]:
+def _fetch(source: EventStore, batch: int) -> Generator[Sequence[Any], None, None]:
     """The source's events table in store order, `batch` rows at a time, as fetched."""
     position = 0
     while rows := source.fetch_packed(position, batch):
@@ -83,7 +83,7 @@ def _fetch(source: EventStore, batch: int) -> Iterator[list[tuple]]:
         position = rows[-1][0]
 
 
-def _fetch_ahead(source: EventStore, batch: int) -> Iterator[list[tuple]]:
+def _fetch_ahead(source: EventStore, batch: int) -> Generator[Sequence[Any], None, None]:
     """`_fetch`, one chunk ahead on a thread of its own; its error is raised here, and
     closing the generator stops the thread."""
     chunks: queue.Queue = queue.Queue(maxsize=1)

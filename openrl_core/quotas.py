@@ -68,10 +68,10 @@ class Quotas(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    requests_in_flight: Optional[int] = Field(None, ge=1)
-    queued_training_tokens: Optional[int] = Field(None, ge=1)
-    sampling_tokens_per_minute: Optional[int] = Field(None, ge=1)
-    checkpoint_bytes: Optional[int] = Field(None, ge=1)
+    requests_in_flight: Optional[int] = Field(default=None, ge=1)
+    queued_training_tokens: Optional[int] = Field(default=None, ge=1)
+    sampling_tokens_per_minute: Optional[int] = Field(default=None, ge=1)
+    checkpoint_bytes: Optional[int] = Field(default=None, ge=1)
 
     @field_validator("checkpoint_bytes", mode="before")
     @classmethod

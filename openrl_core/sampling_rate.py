@@ -39,7 +39,8 @@ class StepSampling:
 
 def busy_seconds(intervals: Iterable[tuple[float, float]]) -> float:
     """The length of the union of closed intervals (start, end); an interval with end < start is empty."""
-    total, current_start, current_end = 0.0, None, None
+    total, current_start = 0.0, 0.0  # current_start: set whenever current_end is
+    current_end: Optional[float] = None
     for start, end in sorted((s, e) for s, e in intervals if e >= s):
         if current_end is None or start > current_end:
             if current_end is not None:

@@ -6,7 +6,7 @@ Nothing else reads the environment. Every field says what it does; unknown keys 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal, Optional, cast
 
 from pydantic import Field, PrivateAttr, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -396,7 +396,7 @@ class Settings(BaseSettings):
         )  # fmt: skip
         # Through the private-attribute dict itself: pydantic answers `self._quotas_kept` in
         # its __getattr__, 1.7 us here, most of this call's cost (three a submission).
-        cache = self.__pydantic_private__["_quotas_kept"]
+        cache = cast(dict, self.__pydantic_private__)["_quotas_kept"]  # (None only without private attributes)
         kept = cache.get(tenant)
         if kept is not None and kept[0] == made_from:
             return kept[1]

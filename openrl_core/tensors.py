@@ -8,7 +8,7 @@ list is three to five times larger and slow to parse. Everything here is numpy o
 from __future__ import annotations
 
 import base64
-from typing import Annotated, Literal, Sequence
+from typing import Annotated, Literal, Sequence, cast
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -38,7 +38,9 @@ class Array(BaseModel):
         if name not in _NP_DTYPES:
             raise InvalidRequest(f"unsupported dtype {name}")
         data = np.ascontiguousarray(array, dtype=_NP_DTYPES[name]).tobytes()
-        return cls(dtype=name, shape=tuple(int(d) for d in array.shape), b64=base64.b64encode(data).decode())
+        return cls(
+            dtype=cast(DType, name), shape=tuple(int(d) for d in array.shape), b64=base64.b64encode(data).decode()
+        )
 
     def to_numpy(self) -> np.ndarray:
         raw = base64.b64decode(self.b64)

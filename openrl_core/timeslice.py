@@ -487,6 +487,8 @@ class Timeslicer:
     def _make_room(self, device: Device, waiter: Waiter, now: float) -> list[Effect]:
         """Ask least recently served residents to park until the waiter's jobs fit (counting
         parks in flight)."""
+        if device.budget is None:  # (never: without a budget every waiter fits)
+            return []
         needed = self._needed(waiter)
         free = device.budget - self._resident_bytes(device.name)
         in_flight = sum(j.bytes for j in self._on(device.name) if j.parking_since is not None)

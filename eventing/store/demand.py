@@ -16,7 +16,7 @@ needs to fail them with the right event type.
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional, overload
 
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.engine import Engine
@@ -25,9 +25,17 @@ from eventing.store import tables as t
 from eventing.store.event_store import EventStore
 from openrl_core.events import Event
 from openrl_core.futures import FutureState
-from openrl_core.workload import Activity
+from openrl_core.workload import Activity, ActivityKind
 
 OPEN = (FutureState.PENDING.value, FutureState.RUNNING.value)
+
+
+@overload
+def _utc(moment: datetime) -> datetime: ...
+@overload
+def _utc(moment: None) -> None: ...
+@overload
+def _utc(moment: Optional[datetime]) -> Optional[datetime]: ...
 
 
 def _utc(moment: Optional[datetime]) -> Optional[datetime]:
@@ -65,10 +73,11 @@ def read_activity(engine: Engine) -> list[Activity]:
         runs = conn.execute(select(t.training_runs)).all()
         samplers = conn.execute(select(t.sampling_sessions)).all()
     activities: list[Activity] = []
-    for row, key, kind in [
+    candidates: list[tuple[Any, str, ActivityKind]] = [
         *[(r, r.model_id, "lora" if r.is_lora else "full") for r in runs],
         *[(s, s.sampling_session_id, "sampling") for s in samplers],
-    ]:
+    ]
+    for row, key, kind in candidates:
         finished = sessions.get((row.tenant, row.session_id))
         if finished is None or _ended(row, kind):
             continue

@@ -12,9 +12,10 @@ cannot, each read goes through `driver_rows`. Driver errors come out as SQLAlche
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import ResourceClosedError
 
 from eventing.store import pg_round_trips
 from eventing.store.driver_errors import sqlalchemy_error
@@ -90,7 +91,7 @@ class _Reader:
             self.by_name = {self.columns[i]: process for i, process in self.processors}
         return self.processors
 
-    def rows(self, raw: list[tuple], description) -> list[Row]:
+    def rows(self, raw: Sequence[Any], description) -> list[Row]:
         """Rows of this table's columns, in its order, as the driver gave them with `description`."""
         processors = self._processors(description)
         found = []
@@ -158,11 +159,14 @@ def driver_mark(dialect) -> str:
     return "?" if dialect.paramstyle == "qmark" else "%s"
 
 
-def driver_rows(conn: Connection, sql: str, params) -> tuple[list[tuple], Any]:
+def driver_rows(conn: Connection, sql: str, params) -> tuple[Sequence[Any], Any]:
     """A read in driver SQL on `conn`'s transaction: its rows as the driver gives them, and
     the cursor's description (the one place the store's reads go past SQLAlchemy, so tests
     can watch them here)."""
-    cursor = conn.connection.dbapi_connection.cursor()
+    raw = conn.connection.dbapi_connection
+    if raw is None:  # only once the connection was closed or invalidated
+        raise ResourceClosedError("the connection is closed")
+    cursor = raw.cursor()
     try:
         cursor.execute(sql, params)
         return cursor.fetchall(), cursor.description
@@ -177,13 +181,15 @@ def sent_together(conn: Connection, queries: list) -> bool:
     return len(queries) > 1 and conn.dialect.name == "postgresql" and pg_round_trips.in_pipeline(conn)
 
 
-def driver_rows_many(conn: Connection, queries: list[tuple[str, Any]]) -> list[tuple[list[tuple], Any]]:
+def driver_rows_many(conn: Connection, queries: list[tuple[str, Any]]) -> list[tuple[Sequence[Any], Any]]:
     """`driver_rows` of each (sql, params), in order. On a pipelined PostgreSQL transaction
     (`pg_round_trips`) every query is sent before the first answer is awaited: one round
     trip for all of them instead of one each."""
     if not sent_together(conn, queries):
         return [driver_rows(conn, sql, params) for sql, params in queries]
     raw = conn.connection.dbapi_connection
+    if raw is None:  # only once the connection was closed or invalidated
+        raise ResourceClosedError("the connection is closed")
     cursors = []
     try:
         for sql, params in queries:

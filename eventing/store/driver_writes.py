@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import operator
 from datetime import datetime
-from typing import Optional
+from typing import Any, Optional
 
 from sqlalchemy.dialects.sqlite import DATETIME as SQLITE_DATETIME
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import ResourceClosedError
 from sqlalchemy.sql.dml import Insert
 
 from eventing.store import pg_round_trips
@@ -152,8 +153,11 @@ def _copy(conn: Connection, copy_sql: str, fill) -> None:
     (a unique violation as IntegrityError), as from a statement run through `conn`."""
     import psycopg  # only reached on PostgreSQL, whose driver this is
 
+    raw = conn.connection.driver_connection
+    if raw is None:  # only once the connection was closed or invalidated
+        raise ResourceClosedError("the connection is closed")
     try:
-        with conn.connection.driver_connection.cursor() as cursor, cursor.copy(copy_sql) as copy:
+        with raw.cursor() as cursor, cursor.copy(copy_sql) as copy:
             fill(copy)
     except psycopg.Error as exc:
         raise sqlalchemy_error(conn, exc, copy_sql) from exc
@@ -174,6 +178,8 @@ def copy_context(conn: Connection) -> _CopyContext:
     """For `DeferredWrites` on PostgreSQL: sets `conn`'s client encoding to UTF-8 if it is
     another, and returns a context that formats rows without touching `conn`."""
     raw = conn.connection.driver_connection
+    if raw is None:  # only once the connection was closed or invalidated
+        raise ResourceClosedError("the connection is closed")
     if raw.info.encoding != "utf-8":
         conn.exec_driver_sql("SET client_encoding TO 'UTF8'")
         conn.commit()
@@ -203,7 +209,7 @@ class DeferredWrites:
     def __init__(self, dialect, formatting=None) -> None:
         self.dialect = dialect
         self._formatting = formatting  # PostgreSQL: what formats COPY rows (`copy_context`)
-        self._writes: list[tuple[str, str, object]] = []  # (kind, sql, params or COPY data)
+        self._writes: list[tuple[str, str, Any]] = []  # (kind, sql, params or COPY data)
 
     def add(self, statement, rows: list[dict]) -> None:
         compiled = _compiled(self.dialect, statement, rows)
@@ -253,7 +259,10 @@ def driver_execute(conn: Connection, sql: str, params: list) -> None:
     and a transaction makes several. The driver's errors come out as SQLAlchemy's (a unique
     violation as IntegrityError), as from a statement run through `conn`, and the
     transaction's rollback is the caller's as ever."""
-    cursor = conn.connection.dbapi_connection.cursor()
+    raw = conn.connection.dbapi_connection
+    if raw is None:  # only once the connection was closed or invalidated
+        raise ResourceClosedError("the connection is closed")
+    cursor = raw.cursor()
     try:
         if len(params) == 1:
             cursor.execute(sql, params[0])

@@ -18,7 +18,7 @@ import functools
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, cast
 
 from sqlalchemy import bindparam, insert, select
 from sqlalchemy.engine import Engine
@@ -106,7 +106,7 @@ class EventStore:
         return outcome
 
     def append_many(
-        self, items: list[tuple[Event, Optional[str], Optional[Dedup]]], published: Sequence[str] = ()
+        self, items: Sequence[tuple[Event, Optional[str], Optional[Dedup]]], published: Sequence[str] = ()
     ) -> list:
         """(event, outbox_topic, dedup) each, in one transaction; per item its `Appended`, or
         the Conflict (409) that item alone raised. A conflict is found before that item
@@ -179,7 +179,7 @@ class EventStore:
         rows.conn = conn
         found = self._prefetch(rows, items, None if known is not None else list({event.id for event, _t, _d in items}))
         if known is None:
-            known = found
+            known = found if found is not None else set()  # (found: the ids were asked for)
         outcomes: list = []
         event_rows, outbox_rows = [], []
         for index, (event, outbox_topic, dedup) in enumerate(items):
@@ -223,7 +223,7 @@ class EventStore:
         queries that depend on nothing go together: on PostgreSQL one round trip for all
         (`driver_reads.driver_rows_many`)."""
         also = _known_ids_queries(rows.conn.dialect, ids) if ids is not None else []
-        first = [
+        first: list[tuple[str, Iterable[tuple]]] = [
             ("submissions", [(event.tenant, dedup.key) for event, _t, dedup in items if dedup is not None]),
             ("lease_fences", [(event.tenant, event.key) for event, _t, _d in items if _leased(event)]),
         ]
@@ -382,13 +382,13 @@ class EventStore:
         readings)."""
         return self.decode_packed(self.fetch_packed(after_position, limit))
 
-    def fetch_packed(self, after_position: int = 0, limit: int = 1000) -> list[tuple]:
+    def fetch_packed(self, after_position: int = 0, limit: int = 1000) -> Sequence[Any]:
         """`read_packed`'s rows as the driver gives them, not decoded yet (`decode_packed`)."""
         with self.engine.connect() as conn:
             return conn.exec_driver_sql(_packed_sql(conn.dialect), (after_position, limit)).fetchall()
 
-    def decode_packed(self, rows: list[tuple]) -> list[tuple[int, Event, Optional[Dedup], tuple]]:
-        parse = _text_time if self.engine.dialect.name == "sqlite" else utc
+    def decode_packed(self, rows: Sequence[Any]) -> list[tuple[int, Event, Optional[Dedup], tuple]]:
+        parse = _text_time if self.engine.dialect.name == "sqlite" else _event_time
         unpack, stored, packed = self.codec.unpack, Event.stored, []
         for (
             position,
@@ -429,7 +429,7 @@ class EventStore:
             id=row.id,
             type=row.type,
             source=row.source,
-            time=utc(row.time),
+            time=utc(cast(datetime, row.time)),  # the column is NOT NULL
             tenant=row.tenant,
             key=row.key,
             subject=row.subject,
@@ -477,9 +477,14 @@ def _id_list_sql(dialect, action: str, table: str, column: str, count: int) -> s
     return f"{head} FROM {quote(table)} WHERE {quote(column)} IN ({', '.join([mark] * count)})"
 
 
-def _text_time(value) -> Optional[datetime]:
-    """A SQLite DateTime column's text ("YYYY-MM-DD HH:MM:SS.ffffff"), as UTC."""
-    if value is None or isinstance(value, datetime):
+# `utc` of the events' time, a NOT NULL column (never None).
+_event_time: Callable[[Any], datetime] = utc
+
+
+def _text_time(value) -> datetime:
+    """A SQLite DateTime column's text ("YYYY-MM-DD HH:MM:SS.ffffff"), as UTC (the events'
+    time, a NOT NULL column)."""
+    if isinstance(value, datetime):
         return utc(value)
     return datetime.fromisoformat(value).replace(tzinfo=timezone.utc)
 
@@ -506,12 +511,13 @@ def _check_same(earlier, dedup: Dedup) -> None:
 
 def _claim(sha256: Optional[str], size: Optional[int]) -> Optional[BlobRef]:
     """An events row's claim check, from its claim_sha256 and claim_size columns."""
-    return BlobRef(sha256=sha256, size=size) if sha256 else None
+    # The two columns are written together; BlobRef refuses a None size, as it always did.
+    return BlobRef(sha256=sha256, size=cast(int, size)) if sha256 else None
 
 
 def _dedup(key: Optional[str], sha256: Optional[str], rejected) -> Optional[Dedup]:
     """An events row's dedup identity, from its dedup_key, dedup_sha256 and dedup_rejected columns."""
-    return Dedup(key, sha256, bool(rejected)) if key else None
+    return Dedup(key, cast(str, sha256), bool(rejected)) if key else None  # written with the key
 
 
 def _claim_of(row) -> Optional[BlobRef]:

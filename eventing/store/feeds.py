@@ -11,7 +11,7 @@ is at-least-once) is a second terminal event for the same request; only the firs
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Literal, Optional, cast
 
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
@@ -19,7 +19,7 @@ from sqlalchemy.engine import Engine
 from eventing.codec import Codec
 from eventing.store import tables as t
 from openrl_core.events.lifecycle import BlobRef
-from openrl_core.events.sampling import SAMPLE, SAMPLE_CANCELLED
+from openrl_core.events.sampling import SAMPLE, SAMPLE_CANCELLED, SampleRequested
 from openrl_core.futures import FutureState
 
 OUTCOME: dict[str, Literal["finished", "failed"]] = {
@@ -87,7 +87,7 @@ class SampleFeed:
 
     def _seq_id(self, row) -> int:
         claim = BlobRef(sha256=row.claim_sha256, size=row.claim_size) if row.claim_sha256 else None
-        return self.codec.unpack(row.tenant, row.type, row.data, claim).seq_id
+        return cast(SampleRequested, self.codec.unpack(row.tenant, row.type, row.data, claim)).seq_id
 
     def pending(self, tenant: str, session_id: str, sampling_session_id: str) -> list[str]:
         """Request ids of the session's samples that are not finished yet."""

@@ -40,6 +40,7 @@ from typing import Iterator
 
 from sqlalchemy import event, exc
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import ResourceClosedError
 
 from eventing.store.driver_errors import sqlalchemy_error
 
@@ -69,6 +70,8 @@ def pipelined(engine: Engine) -> Iterator[Connection]:
 
     with read_connection(engine) as conn:
         raw = conn.connection.driver_connection
+        if raw is None:  # only once the connection was closed or invalidated
+            raise ResourceClosedError("the connection is closed")
         try:
             with raw.pipeline() as pipeline:
                 conn.info[_PIPELINE] = pipeline
@@ -88,7 +91,8 @@ _PIPELINE = "openrl_pipeline"
 
 def in_pipeline(conn: Connection) -> bool:
     """Whether `conn`'s driver connection is in pipeline mode (no COPY there)."""
-    return bool(conn.connection.driver_connection.pgconn.pipeline_status)
+    raw = conn.connection.driver_connection
+    return raw is not None and bool(raw.pgconn.pipeline_status)  # (a closed one has no pipeline)
 
 
 def install(engine: Engine, idle_seconds: float = IDLE_PING_SECONDS) -> None:

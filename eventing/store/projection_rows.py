@@ -14,10 +14,12 @@ transaction's unit of work (`Rows`), never SQL of its own.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, Protocol, Union, cast
 
 from eventing.store.unit_of_work import Rows
 from openrl_core.events import Event
+from openrl_core.events import checkpoints as checkpoint_events
+from openrl_core.events import training as training_events
 from openrl_core.events.lifecycle import CheckpointSaved, RequestCompleted, RequestFailed
 from openrl_core.futures import FutureState, Phase, evolve
 from openrl_core.ids import CHECKPOINT_TYPE, session_of
@@ -25,6 +27,21 @@ from openrl_core.quotas import request_tokens
 
 Handler = Callable[[Rows, Event], None]
 HANDLERS: dict[str, Handler] = {}
+
+
+class _MovesFuture(Protocol):
+    """A payload whose event moves a future: a request, or its started, completed or failed."""
+
+    request_id: str
+
+
+# The payloads a run's row is made from (`insert_run`).
+_MakesRun = Union[
+    training_events.CreateModelRequested,
+    training_events.LoadWeightsRequested,
+    training_events.ForkRequested,
+    checkpoint_events.CheckpointCopied,
+]
 
 
 def handles(*types: str):
@@ -46,7 +63,7 @@ STATES = {state.value: state for state in FutureState}
 
 def fold_future(rows: Rows, event: Event) -> Optional[FutureState]:
     """Fold a lifecycle event into its future; returns the new state (None: no such future)."""
-    request_id = event.data.request_id
+    request_id = cast(_MovesFuture, event.data).request_id
     phase = PHASES[event.phase]
     row = rows.get("futures", request_id)
     if row is None:
@@ -87,7 +104,7 @@ def touch_run(rows: Rows, model_id: str, when: datetime, **values) -> None:
 
 def insert_run(rows: Rows, event: Event, model_id: str, state: str = "creating") -> None:
     """A run's row from the request that makes it (create_model, load_weights, copy_weights)."""
-    data = event.data
+    data = cast(_MakesRun, event.data)
     full = bool(getattr(data, "full_finetune", False))
     rows.insert(
         "training_runs",
@@ -96,7 +113,7 @@ def insert_run(rows: Rows, event: Event, model_id: str, state: str = "creating")
         session_id=data.session_id,
         base_model=data.base_model,
         is_lora=not full,
-        lora_rank=None if full else data.lora_config.rank,
+        lora_rank=None if full or data.lora_config is None else data.lora_config.rank,
         lora_config=None if full or data.lora_config is None else data.lora_config.model_dump(),
         user_metadata=data.user_metadata,
         state=state,
@@ -113,7 +130,7 @@ def upsert_checkpoint(rows: Rows, event: Event, saved: CheckpointSaved) -> None:
 
 def put_checkpoint(rows: Rows, tenant: str, saved: CheckpointSaved, when: datetime) -> None:
     """Insert the record, or replace a same-named one's content (its public flag stays)."""
-    values = dict(
+    values: dict[str, Any] = dict(
         tenant=tenant,
         kind=saved.kind,
         tinker_path=saved.tinker_path,

@@ -10,7 +10,7 @@ Replaying the events table through `apply` rebuilds every table exactly.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Optional
+from typing import Optional, Union, cast
 
 from eventing.store.projection_rows import (
     HANDLERS,
@@ -28,12 +28,21 @@ from openrl_core.events import checkpoints as checkpoint_events
 from openrl_core.events import sampling as sampling_events
 from openrl_core.events import sessions as session_events
 from openrl_core.events import training as training_events
-from openrl_core.events.lifecycle import RequestFailed, SamplingSessionBound
+from openrl_core.events.lifecycle import RequestCompleted, RequestFailed, SamplingSessionBound
 from openrl_core.events.recovery import SNAPSHOT_TAKEN
 from openrl_core.futures import FutureState
 from openrl_core.ids import TinkerPath
 
 __all__ = ["apply", "expiry", "utc"]
+
+# The requests that only touch their run (`_training_requested`).
+_TrainingRequest = Union[
+    training_events.ForwardBackwardRequested,
+    training_events.OptimStepRequested,
+    training_events.SaveWeightsRequested,
+    training_events.SaveWeightsForSamplerRequested,
+    training_events.SaveWeightsExternalRequested,
+]
 
 
 def apply(rows: Rows, event: Event) -> None:
@@ -49,7 +58,7 @@ def apply(rows: Rows, event: Event) -> None:
 
 @handles(session_events.SESSION_CREATED)
 def _session_created(rows: Rows, event: Event) -> None:
-    data = event.data
+    data = cast(session_events.SessionCreated, event.data)
     rows.insert(
         "sessions",
         session_id=data.session_id,
@@ -66,12 +75,14 @@ def _session_created(rows: Rows, event: Event) -> None:
 
 @handles(session_events.SESSION_HEARTBEAT)
 def _session_heartbeat(rows: Rows, event: Event) -> None:
-    rows.update("sessions", (event.data.session_id,), last_heartbeat_at=event.time)
+    data = cast(session_events.SessionHeartbeat, event.data)
+    rows.update("sessions", (data.session_id,), last_heartbeat_at=event.time)
 
 
 @handles(session_events.SESSION_FINISHED)
 def _session_finished(rows: Rows, event: Event) -> None:
-    rows.update("sessions", (event.data.session_id,), finished_at=event.time, finish_reason=event.data.reason)
+    data = cast(session_events.SessionFinished, event.data)
+    rows.update("sessions", (data.session_id,), finished_at=event.time, finish_reason=data.reason)
 
 
 @handles(session_events.TELEMETRY_RECEIVED, training_events.SEQ_SKIPPED, SNAPSHOT_TAKEN, access_events.LOOKUP_REFUSED)
@@ -90,16 +101,17 @@ def _future_model(rows: Rows, request_id: str) -> Optional[str]:
 @handles(training_events.CREATE_MODEL["requested"])
 def _create_model_requested(rows: Rows, event: Event) -> None:
     if fold_future(rows, event) is FutureState.PENDING:
-        insert_run(rows, event, event.data.model_id)
+        insert_run(rows, event, cast(training_events.CreateModelRequested, event.data).model_id)
 
 
 @handles(training_events.LOAD_WEIGHTS["requested"])
 def _load_requested(rows: Rows, event: Event) -> None:
+    data = cast(training_events.LoadWeightsRequested, event.data)
     state = fold_future(rows, event)
-    if event.data.session_id is not None and state is FutureState.PENDING:
-        insert_run(rows, event, event.data.model_id)
-    elif event.data.seq_id is not None:
-        touch_run(rows, event.data.model_id, event.time)
+    if data.session_id is not None and state is FutureState.PENDING:
+        insert_run(rows, event, data.model_id)
+    elif data.seq_id is not None:
+        touch_run(rows, data.model_id, event.time)
 
 
 @handles(
@@ -110,7 +122,7 @@ def _load_requested(rows: Rows, event: Event) -> None:
 )
 def _training_requested(rows: Rows, event: Event) -> None:
     fold_future(rows, event)
-    touch_run(rows, event.data.model_id, event.time)
+    touch_run(rows, cast(_TrainingRequest, event.data).model_id, event.time)
 
 
 @handles(
@@ -123,12 +135,13 @@ def _training_requested(rows: Rows, event: Event) -> None:
 def _model_lifecycle(rows: Rows, event: Event) -> None:
     if fold_future(rows, event) is None:
         return
-    model_id = _future_model(rows, event.data.request_id)
+    data = cast(Union[RequestCompleted, RequestFailed], event.data)
+    model_id = _future_model(rows, data.request_id)
     run = rows.get("training_runs", model_id)
-    if run is None or run["state"] != "creating":
+    if run is None or model_id is None or run["state"] != "creating":
         return
-    if isinstance(event.data, RequestFailed):
-        touch_run(rows, model_id, event.time, state="failed", error=event.data.error)
+    if isinstance(data, RequestFailed):
+        touch_run(rows, model_id, event.time, state="failed", error=data.error)
     else:
         touch_run(rows, model_id, event.time, state="ready")
 
@@ -138,11 +151,12 @@ def _saved(rows: Rows, event: Event) -> None:
     # CANCELLED: its run was cancelled before the trainer got to it; what it saved is not kept.
     if fold_future(rows, event) in (None, FutureState.CANCELLED):
         return
-    if event.data.checkpoint is not None:
-        upsert_checkpoint(rows, event, event.data.checkpoint)
-    if event.data.sampling_session is not None:
-        run_id = _future_model(rows, event.data.request_id)
-        _insert_sampling_session(rows, event, event.data.sampling_session, run_id=run_id)
+    data = cast(RequestCompleted, event.data)
+    if data.checkpoint is not None:
+        upsert_checkpoint(rows, event, data.checkpoint)
+    if data.sampling_session is not None:
+        run_id = _future_model(rows, data.request_id)
+        _insert_sampling_session(rows, event, data.sampling_session, run_id=run_id)
 
 
 # -- sampling ------------------------------------------------------------------------------
@@ -169,7 +183,7 @@ def _insert_sampling_session(
 
 @handles(sampling_events.SAMPLING_SESSION_CREATED)
 def _sampling_session_created(rows: Rows, event: Event) -> None:
-    data = event.data
+    data = cast(sampling_events.SamplingSessionCreated, event.data)
     bound = SamplingSessionBound(
         sampling_session_id=data.sampling_session_id,
         session_id=data.session_id,
@@ -195,10 +209,11 @@ handles(training_events.SAVE_WEIGHTS_EXTERNAL["requested"])(_training_requested)
 @handles(training_events.SAVE_WEIGHTS_EXTERNAL["completed"])
 def _exported(rows: Rows, event: Event) -> None:
     # Not `_saved`: an export is neither the run's last training nor its last sampler checkpoint.
-    if fold_future(rows, event) in (None, FutureState.CANCELLED) or event.data.checkpoint is None:
+    data = cast(RequestCompleted, event.data)
+    if fold_future(rows, event) in (None, FutureState.CANCELLED) or data.checkpoint is None:
         return
-    put_checkpoint(rows, event.tenant, event.data.checkpoint, event.time)
-    touch_run(rows, event.data.checkpoint.run_id, event.time)
+    put_checkpoint(rows, event.tenant, data.checkpoint, event.time)
+    touch_run(rows, data.checkpoint.run_id, event.time)
 
 
 _LAST_COLUMN = {"weights": "last_checkpoint", "sampler_weights": "last_sampler_checkpoint"}
@@ -217,7 +232,7 @@ def _refresh_last(rows: Rows, run_id: str, kind: str) -> None:
 
 @handles(checkpoint_events.CHECKPOINT_DELETED, checkpoint_events.CHECKPOINT_EXPIRED)
 def _checkpoint_removed(rows: Rows, event: Event) -> None:
-    data = event.data
+    data = cast(checkpoint_events.CheckpointRemoved, event.data)
     row = rows.get("checkpoints", data.run_id, data.checkpoint_id)
     if row is None:
         return
@@ -232,17 +247,19 @@ def _checkpoint_removed(rows: Rows, event: Event) -> None:
 @handles(checkpoint_events.CHECKPOINT_PUBLISHED, checkpoint_events.CHECKPOINT_UNPUBLISHED)
 def _checkpoint_visibility(rows: Rows, event: Event) -> None:
     public = event.type == checkpoint_events.CHECKPOINT_PUBLISHED
-    rows.update("checkpoints", (event.data.run_id, event.data.checkpoint_id), public=public)
+    data = cast(checkpoint_events.CheckpointVisibility, event.data)
+    rows.update("checkpoints", (data.run_id, data.checkpoint_id), public=public)
 
 
 @handles(checkpoint_events.CHECKPOINT_TTL_SET)
 def _checkpoint_ttl(rows: Rows, event: Event) -> None:
-    rows.update("checkpoints", (event.data.run_id, event.data.checkpoint_id), expires_at=event.data.expires_at)
+    data = cast(checkpoint_events.CheckpointTtlSet, event.data)
+    rows.update("checkpoints", (data.run_id, data.checkpoint_id), expires_at=data.expires_at)
 
 
 @handles(checkpoint_events.CHECKPOINT_COPIED)
 def _checkpoint_copied(rows: Rows, event: Event) -> None:
-    data = event.data
+    data = cast(checkpoint_events.CheckpointCopied, event.data)
     saved = data.checkpoint
     if data.new_session_project_id is not None and rows.get("sessions", data.session_id) is None:
         rows.insert(
@@ -276,12 +293,11 @@ def _sample_cancel_requested(rows: Rows, event: Event) -> None:
 def _sample_cancelled(rows: Rows, event: Event) -> None:
     # Only a future that was still unfinished ends CANCELLED (the fold absorbs the rest), and
     # only then is its completion time set.
-    row = rows.get("futures", event.data.request_id)
+    data = cast(sampling_events.SampleCancelled, event.data)
+    row = rows.get("futures", data.request_id)
     before = row["state"] if row is not None else None
     if fold_future(rows, event) is FutureState.CANCELLED and before != FutureState.CANCELLED.value:
-        rows.update(
-            "futures", (event.data.request_id,), error=event.data.reason, category="user", completed_at=event.time
-        )
+        rows.update("futures", (data.request_id,), error=data.reason, category="user", completed_at=event.time)
 
 
 # Steps and cancellation fold in a module of their own; importing it registers its handlers.

@@ -49,19 +49,19 @@ class Projections:
             row = read_by_key(conn, table.name, key)
         return row if row is not None and row.tenant == tenant else None
 
-    def future(self, tenant: str, request_id: str) -> Optional[Row]:
+    def future(self, tenant: str, request_id: str) -> Optional[LazyRow]:
         return self._one(t.futures, tenant, request_id=request_id)
 
-    def session(self, tenant: str, session_id: str) -> Optional[Row]:
+    def session(self, tenant: str, session_id: str) -> Optional[LazyRow]:
         return self._one(t.sessions, tenant, session_id=session_id)
 
-    def run(self, tenant: str, model_id: str) -> Optional[Row]:
+    def run(self, tenant: str, model_id: str) -> Optional[LazyRow]:
         return self._one(t.training_runs, tenant, model_id=model_id)
 
-    def checkpoint(self, tenant: str, run_id: str, checkpoint_id: str) -> Optional[Row]:
+    def checkpoint(self, tenant: str, run_id: str, checkpoint_id: str) -> Optional[LazyRow]:
         return self._one(t.checkpoints, tenant, run_id=run_id, checkpoint_id=checkpoint_id)
 
-    def sampling_session(self, tenant: str, sampling_session_id: str) -> Optional[Row]:
+    def sampling_session(self, tenant: str, sampling_session_id: str) -> Optional[LazyRow]:
         return self._one(t.sampling_sessions, tenant, sampling_session_id=sampling_session_id)
 
     def runs_of_session(self, tenant: str, session_id: str) -> list[Row]:

@@ -37,9 +37,10 @@ from __future__ import annotations
 import gc
 import sqlite3
 import threading
-from typing import Optional
+from typing import Any, Optional, cast
 
 from sqlalchemy import func, select
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from eventing.dedup import Dedup
@@ -86,7 +87,7 @@ class _Writer:
         self._thread = threading.Thread(target=run, name="rebuild-writer", daemon=True)
         self._thread.start()
 
-    def wait(self):
+    def wait(self) -> Optional[tuple[Any, Optional[BaseException]]]:
         """None when nothing is in flight, else (the batch, its error or None)."""
         if self._thread is None:
             return None
@@ -117,7 +118,7 @@ class _ProcessWriter:
         self._process.send(writes.statements())
         self._batch, self._in_flight = batch, True
 
-    def wait(self):
+    def wait(self) -> Optional[tuple[Any, Optional[BaseException]]]:
         if not self._in_flight:
             return None
         self._in_flight = False
@@ -144,7 +145,8 @@ class Rebuilder:
         self.keep = keep
         with store.engine.connect() as conn:
             fresh = conn.execute(select(func.count()).select_from(t.events)).scalar() == 0
-        self._rows: Optional[Rows] = Rows(None, fresh=True) if fresh else None
+        # A fresh Rows reads nothing: each batch's transaction gives it its `conn` (`_fold_batch`).
+        self._rows: Optional[Rows] = Rows(cast(Connection, None), fresh=True) if fresh else None
         self._known: Optional[set[str]] = set() if fresh else None  # ids stored, while fresh
         self._froze = False
         self._collecting: Optional[bool] = None  # whether the collector was on before the first batch
@@ -248,7 +250,13 @@ class Rebuilder:
             pass  # the caller is already raising its own error
 
     def _after_batch(self) -> None:
-        if self._rows is not None and (self._rows.known() > self.keep or len(self._known) > self.keep):
+        if (
+            self._rows is not None
+            and self._known is not None
+            and (  # (both kept while fresh)
+                self._rows.known() > self.keep or len(self._known) > self.keep
+            )
+        ):
             self._drop()
         gc.freeze()
         self._froze = True

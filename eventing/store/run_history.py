@@ -10,7 +10,7 @@ O(the run's events); a fork is rare enough that no index beyond the events' `key
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Protocol, cast
 
 from sqlalchemy import or_, select
 
@@ -21,6 +21,14 @@ from openrl_core.events import Event
 from openrl_core.events import training as te
 from openrl_core.events.recovery import SNAPSHOT_TAKEN, SnapshotTaken
 from openrl_core.futures import FutureState
+
+
+class _Sequenced(Protocol):
+    """A run's training request after its creation: it has its place in the run's order."""
+
+    seq_id: int
+    request_id: str
+
 
 CREATIONS = (te.CREATE_MODEL["requested"], te.LOAD_WEIGHTS["requested"], te.FORK["requested"])
 VERBS = {
@@ -67,21 +75,23 @@ def run_history(store: EventStore, tenant: str, run_id: str) -> RunHistory:
         event = store.event_of(row)
         data = event.data
         if event.type == SNAPSHOT_TAKEN:
-            if data.model_id == run_id:
-                history.snapshots.append(data)
+            snapshot = cast(SnapshotTaken, data)
+            if snapshot.model_id == run_id:
+                history.snapshots.append(snapshot)
             continue
         if getattr(data, "model_id", None) != run_id:
             continue
         if event.type in CREATIONS and getattr(data, "seq_id", None) is None:
             history.origin = history.origin or event
             continue
-        seq_id = data.seq_id
+        request = cast(_Sequenced, data)  # a training request: its model_id is the run's
+        seq_id = request.seq_id
         history.requests[seq_id] = event
         history.logged.append(
             forking.Logged(
                 seq_id=seq_id,
                 verb=VERBS.get(event.type, forking.OTHER),
-                outcome=OUTCOMES.get(states.get(data.request_id, ""), forking.ENDED),
+                outcome=OUTCOMES.get(states.get(request.request_id, ""), forking.ENDED),
                 forward_only=bool(getattr(data, "forward_only", False)),
             )
         )

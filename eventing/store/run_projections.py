@@ -29,13 +29,13 @@ A completion that finds the future already ended (a redelivery) records nothing.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Optional
+from typing import Optional, Union, cast
 
 from eventing.store.projection_rows import STATES, fold_future, handles, insert_run, touch_run, upsert_checkpoint
 from eventing.store.unit_of_work import Rows, utc
 from openrl_core.events import Event
 from openrl_core.events import training as training_events
-from openrl_core.events.lifecycle import RequestFailed
+from openrl_core.events.lifecycle import RequestCompleted, RequestFailed
 from openrl_core.futures import FutureState, is_terminal
 
 OPEN = (FutureState.PENDING.value, FutureState.RUNNING.value)
@@ -57,15 +57,16 @@ def _earliest(*moments: Optional[datetime]) -> Optional[datetime]:
 
 @handles(training_events.FORWARD_BACKWARD["completed"], training_events.OPTIM_STEP["completed"])
 def _step_progress(rows: Rows, event: Event) -> None:
-    request = rows.get("futures", event.data.request_id)
+    data = cast(RequestCompleted, event.data)
+    request = rows.get("futures", data.request_id)
     # Read before the fold moves the future on: whether it was still open decides the step.
     if request is not None:
         state, model_id, requested = request["state"], request["model_id"], utc(request["created_at"])
     fold_future(rows, event)
     if request is None or is_terminal(STATES[state]):
         return  # unknown, or already ended (a redelivery, or a cancelled run's late work)
-    details = event.data.details or {}
-    metrics = event.data.result.get("metrics") or {}
+    details = data.details or {}
+    metrics = data.result.get("metrics") or {}
     optim = event.verb == "optim_step"
     if not optim and details.get("forward_only"):
         return
@@ -122,7 +123,7 @@ def cancellation_message(data) -> str:
 
 @handles(training_events.RUN_CANCELLED)
 def _run_cancelled(rows: Rows, event: Event) -> None:
-    data = event.data
+    data = cast(training_events.RunCancelled, event.data)
     run = rows.get("training_runs", data.model_id)
     if run is None or run["tenant"] != event.tenant or run["state"] == "cancelled":
         return
@@ -155,7 +156,7 @@ def _cancel_futures(rows: Rows, event: Event, keys: list[str], message: str) -> 
 def _fork_requested(rows: Rows, event: Event) -> None:
     if fold_future(rows, event) is not FutureState.PENDING:
         return
-    data = event.data
+    data = cast(training_events.ForkRequested, event.data)
     if rows.get("sessions", data.session_id) is None:
         rows.insert(
             "sessions",
@@ -169,7 +170,8 @@ def _fork_requested(rows: Rows, event: Event) -> None:
 
 @handles(training_events.FORK["completed"], training_events.FORK["failed"])
 def _fork_finished(rows: Rows, event: Event) -> None:
-    before = rows.get("futures", event.data.request_id)
+    data = cast(Union[RequestCompleted, RequestFailed], event.data)
+    before = rows.get("futures", data.request_id)
     if before is None or is_terminal(FutureState(before["state"])):
         return
     model_id = before["model_id"]
@@ -178,9 +180,9 @@ def _fork_finished(rows: Rows, event: Event) -> None:
     run = rows.get("training_runs", model_id)
     if run is None or run["state"] != "creating":
         return  # cancelled while it was being built: it stays cancelled, its state unsaved
-    if isinstance(event.data, RequestFailed):
-        touch_run(rows, model_id, event.time, state="failed", error=event.data.error)
+    if isinstance(data, RequestFailed):
+        touch_run(rows, model_id, event.time, state="failed", error=data.error)
         return
     touch_run(rows, model_id, event.time, state="ready")
-    if event.data.checkpoint is not None:
-        upsert_checkpoint(rows, event, event.data.checkpoint)
+    if data.checkpoint is not None:
+        upsert_checkpoint(rows, event, data.checkpoint)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Optional
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import ColumnElement, func, or_, select, true
 from sqlalchemy.engine import Engine, Row
 
 from eventing.store import tables as t
@@ -28,8 +28,8 @@ def run_status(state: str, session_finished_at: Optional[datetime]) -> str:
     return state  # cancelled, failed, creating, frozen
 
 
-def _mine(table, tenant: Optional[str]):
-    return table.c.tenant == tenant if tenant is not None else True
+def _mine(table, tenant: Optional[str]) -> ColumnElement[bool]:
+    return table.c.tenant == tenant if tenant is not None else true()  # what `where(True)` makes of True
 
 
 class RunViews:

@@ -26,7 +26,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
-from typing import BinaryIO, Optional
+from typing import IO, BinaryIO, Optional
 
 FINISH = "finish"
 _PIPE_BYTES = 1 << 20
@@ -41,7 +41,7 @@ def _bytes(view: memoryview):
 _REDUCERS = {memoryview: _bytes}
 
 
-def _widen(stream: BinaryIO) -> None:
+def _widen(stream: IO[bytes]) -> None:
     """A batch is megabytes (its events' payloads): through a pipe of the default 64 KiB the
     parent's write waits for the child's read every 64 KiB, two context switches each."""
     try:
@@ -60,12 +60,12 @@ def _dumps(message) -> bytes:
     return buffer.getvalue()
 
 
-def _send(stream: BinaryIO, message) -> None:
+def _send(stream: IO[bytes], message) -> None:
     stream.write(_dumps(message))
     stream.flush()
 
 
-def _receive(stream: BinaryIO):
+def _receive(stream: IO[bytes]):
     """The next message (pickles delimit themselves); EOFError once the other end has closed."""
     try:
         return pickle.load(stream)
@@ -82,7 +82,11 @@ class SqliteWriter:
         self._process = subprocess.Popen(
             [sys.executable, "-I", __file__, path, str(busy_timeout_ms)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
         )
-        _widen(self._process.stdin)
+        if self._process.stdin is None or self._process.stdout is None:  # never: both are pipes
+            raise RuntimeError("the rebuild's SQLite writer has no pipes")
+        self._stdin: IO[bytes] = self._process.stdin
+        self._stdout: IO[bytes] = self._process.stdout
+        _widen(self._stdin)
         self._sending: Optional[threading.Thread] = None
         self._send_error: Optional[OSError] = None
 
@@ -97,8 +101,8 @@ class SqliteWriter:
 
     def _write(self, data: bytes) -> None:
         try:
-            self._process.stdin.write(data)
-            self._process.stdin.flush()
+            self._stdin.write(data)
+            self._stdin.flush()
         except OSError as exc:  # the child is gone: said by `receive`
             self._send_error = exc
 
@@ -113,7 +117,7 @@ class SqliteWriter:
         """None: the batch sent last is committed; else (sqlite3 error class, message)."""
         self._wait_sent()
         try:
-            return _receive(self._process.stdout)
+            return _receive(self._stdout)
         except EOFError:
             raise self._gone() from None
 
@@ -126,7 +130,7 @@ class SqliteWriter:
         """Checkpoint the WAL into the database and end the child."""
         try:
             self._wait_sent()
-            _send(self._process.stdin, FINISH)
+            _send(self._stdin, FINISH)
             failure = self.receive()
         except BrokenPipeError:
             raise self._gone() from None
@@ -142,7 +146,7 @@ class SqliteWriter:
         self._close()
 
     def _close(self) -> None:
-        for stream in (self._process.stdin, self._process.stdout):
+        for stream in (self._stdin, self._stdout):
             try:
                 stream.close()
             except OSError:

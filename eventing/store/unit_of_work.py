@@ -22,7 +22,7 @@ keys and statements), `driver_reads` (reads by key in driver SQL) and `driver_wr
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Sequence, Union, cast, overload
 
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
@@ -48,6 +48,14 @@ def _matches(row: Row, equal: dict) -> bool:
     return all(row[c] in v if isinstance(v, tuple) else row[c] == v for c, v in equal.items())
 
 
+@overload
+def utc(value: datetime) -> datetime: ...
+@overload
+def utc(value: None) -> None: ...
+@overload
+def utc(value: Optional[datetime]) -> Optional[datetime]: ...
+
+
 def utc(value: Optional[datetime]) -> Optional[datetime]:
     """SQLite hands datetimes back naive; everything stored here is UTC."""
     if value is None or value.tzinfo is not None:
@@ -66,7 +74,9 @@ class Rows:
         self.fresh = fresh
         self._rows: dict[str, dict[Key, Optional[Row]]] = {name: {} for name in TABLES}  # None: known absent
         self._stored: dict[str, set[Key]] = {name: set() for name in TABLES}  # keys the database holds
-        self._changed: dict[str, dict[Key, set[str]]] = {name: {} for name in TABLES}
+        # Per row, the columns changed; the table's shared frozenset of every column for a row
+        # inserted whole (`insert`).
+        self._changed: dict[str, dict[Key, Union[set[str], frozenset[str]]]] = {name: {} for name in TABLES}
         # `latest` answers, kept current as rows become known or change: table -> (order
         # column, group column) -> group value -> key of the top row (None: no row). A run's
         # step asks for its latest step on every training completion.
@@ -87,7 +97,7 @@ class Rows:
         """Read every row of `keys` not yet known, in one query."""
         self.prefetch_many([(table, keys)])
 
-    def prefetch_many(self, wanted: list[tuple[str, Iterable[Key]]], also: list[tuple[str, Any]] = ()) -> list:
+    def prefetch_many(self, wanted: list[tuple[str, Iterable[Key]]], also: Sequence[tuple[str, Any]] = ()) -> list:
         """`prefetch` of several tables, their queries sent together (`driver_rows_many`);
         `also`: more (sql, params) reads to send with them, whose (rows, description) it
         returns, in order."""
@@ -149,7 +159,7 @@ class Rows:
         for value in pending:  # rows this transaction already knows count too
             tops[value] = max(
                 (key for key, row in self._rows[table].items() if row is not None and row[group] == value),
-                key=lambda key: self._rows[table][key][column], default=None,
+                key=lambda key: cast(Row, self._rows[table][key])[column], default=None,
             )  # fmt: skip
         sql, names, compiled = _driver_sql(self.conn.dialect, query)
         params = compiled.construct_params({f"b_group_{i}": value for i, value in enumerate(pending)})
@@ -171,7 +181,7 @@ class Rows:
         for key, row in cache.items():
             if row is not None:
                 current = tops.get(row[group])
-                if current is None or cache[current][column] <= row[column]:
+                if current is None or cast(Row, cache[current])[column] <= row[column]:  # a top is a known row
                     tops[row[group]] = key
 
     def known(self) -> int:
@@ -184,7 +194,7 @@ class Rows:
             value = row[group]
             if value in tops:
                 current = tops[value]
-                if current is None or self._rows[table][current][column] <= row[column]:
+                if current is None or cast(Row, self._rows[table][current])[column] <= row[column]:
                     tops[value] = key
             elif (table, column, group) in self._indexed:  # every group's answer is kept: this one's first row
                 tops[value] = key
@@ -230,7 +240,7 @@ class Rows:
         changed = changes.get(key)
         if changed is None:
             changed = changes[key] = set()
-        every = changed is _COLUMN_SETS[table]  # inserted whole: every column is written already
+        every = not isinstance(changed, set)  # inserted whole (`_COLUMN_SETS`): every column is written already
         for column, value in values.items():
             if column not in row:
                 raise KeyError(f"{table} has no column {column!r}")

@@ -22,7 +22,7 @@ import threading
 import time
 from contextlib import AbstractContextManager
 from datetime import datetime, timezone
-from typing import Optional, Protocol
+from typing import Any, Optional, Protocol
 
 from eventing.bus import EventPublisher
 from eventing.offsets import OffsetTracker
@@ -54,7 +54,8 @@ class PackHost(Protocol):
         """Held around compute, parking and restoring of any model."""
         ...
 
-    def engine(self, base_model: str): ...
+    def engine(self, base_model: str) -> Any:  # the base model's `TrainerEngine`
+        ...
 
     def shared_turn(self, model_ids: list[str]) -> AbstractContextManager[Turn]:
         """One timeslicer turn that covers every one of these models' jobs."""
@@ -76,7 +77,9 @@ class PackHost(Protocol):
         """The model changed hands: drop it here and never serve it again."""
         ...
 
-    def reply(self, request: Event, phase: str, payload, lease: Optional[int] = None): ...
+    def reply(self, request: Event, phase: str, payload, lease: Optional[int] = None) -> tuple:
+        """(topic, event, dedup) of a request's answer, for `publish_many`."""
+        ...
 
     def forward_backward_result(self, output, request) -> dict: ...
 
