@@ -122,7 +122,6 @@ def asample_rules(schema: dict, served: Served) -> None:
     props["prompt"] = NONEMPTY_INPUT
     props["num_samples"] = {"type": "integer", "minimum": 1, "maximum": MAX_NUM_SAMPLES, "default": 1}
     props["topk_prompt_logprobs"] = {"type": "integer", "minimum": 0, "maximum": MAX_TOPK, "default": 0}
-    props["record_stability_info"] = {"const": False, "default": False}  # not offered (a 400 that says why)
     for name in ("topk_sample_logprobs", "prompt_alt_tokens_k"):
         props[name] = {"const": 0, "default": 0}  # not offered yet
     props["target_prompt_logprobs"] = {"anyOf": [{"type": "object", "maxProperties": 0}, {"type": "null"}]}
