@@ -9,12 +9,14 @@ with a message before anything is queued.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from openrl_core.errors import InvalidRequest
 from openrl_core.losses import LossSpec, loss_spec
+from openrl_core.stability import Provenance
 from openrl_core.tensors import Array
 
 
@@ -22,6 +24,9 @@ from openrl_core.tensors import Array
 class Datum:
     tokens_N: np.ndarray  # int64 [N]: the model input
     loss_fn_inputs: dict[str, np.ndarray] = field(default_factory=dict)
+    # The request's provenance spans, as decoded; only the gateway reads them (to resolve
+    # stable_reinforce's records, `openrl_core.stability`): an event does not carry them.
+    provenance: Optional[Provenance] = None
 
 
 class DatumRecord(BaseModel):

@@ -4,10 +4,11 @@ The maths lives in the trainer (`functions/trainer/losses.py`); this module only
 contract, so the gateway can refuse a bad request before it reaches an accelerator.
 Definitions follow Tinker's documentation: per-token losses, summed over tokens and datums.
 
-Two of Tinker's loss names are refused with a reason instead of "unknown" (`UNSUPPORTED`):
-`stable_reinforce`, whose definition Tinker has not published and which trains on
-per-sequence records the sampler keeps when asked with `record_stability_info` (a datum
-carries only importance_sampling's inputs plus provenance spans naming those records), and
+`stable_reinforce` trains on per-sequence records the sampler keeps when asked with
+`record_stability_info` (`openrl_core.stability`): a client sends importance_sampling's
+inputs plus provenance spans, and the gateway adds `stability_logprobs` / `stability_mask`
+from the records (a client may not send those two itself; `stability.resolve` refuses them).
+One of Tinker's loss names is refused with a reason instead of "unknown" (`UNSUPPORTED`):
 `custom`, the server-side traced loss this server does not advertise.
 """
 
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from openrl_core.errors import InvalidRequest
+from openrl_core.stability import STABILITY_INPUTS
 
 RL_INPUTS = ("target_tokens", "logprobs", "advantages")
 CLIP_INPUTS = ("clip_low_threshold", "clip_high_threshold")
@@ -45,26 +47,23 @@ LOSSES: dict[str, LossSpec] = {
             ("sequence_ratio_mask", *CLIP_INPUTS),
             {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
         ),
+        # `logprobs` is accepted (the cookbook sends it) but unused: the loss reads the
+        # sampler's own record instead. clip_high_threshold caps the importance weight.
+        LossSpec(
+            "stable_reinforce",
+            ("target_tokens", "advantages"),
+            ("logprobs", *STABILITY_INPUTS),
+            {"clip_high_threshold": 2.0, "kl_coeff": 0.0},
+        ),
     )
 }
 
 
-_ALTERNATIVES = "train with importance_sampling, ppo, cispo, dro or gspo (same loss_fn_inputs; tinker-cookbook: loss_fn=importance_sampling)"
-STABLE_REINFORCE_MISSING = (
-    "Tinker has not published its definition, and it trains on per-sequence stability records that the sampler "
-    "keeps when sampling with record_stability_info=true (the datum's provenance spans only name them); this server "
-    "keeps no such records"
-)
 UNSUPPORTED: dict[str, str] = {
-    "stable_reinforce": f"loss_fn 'stable_reinforce' is not supported by this server: {STABLE_REINFORCE_MISSING}; {_ALTERNATIVES}",
     "custom": "loss_fn 'custom' runs a traced loss stored with create_custom_loss, which this server does not offer "
     "(its /client/config says custom_loss_server_side=false); TrainingClient.forward_backward_custom computes "
     "custom losses client-side through forward logprobs and works",
 }
-RECORD_STABILITY_INFO_REFUSAL = (
-    "record_stability_info=true asks the sampler to keep the per-sequence records that loss_fn 'stable_reinforce' "
-    f"trains on, which this server does not support: {STABLE_REINFORCE_MISSING}; sample without it and {_ALTERNATIVES}"
-)
 
 
 def loss_spec(loss_fn: str) -> LossSpec:

@@ -122,7 +122,6 @@ def asample_rules(schema: dict, served: Served) -> None:
     props["prompt"] = NONEMPTY_INPUT
     props["num_samples"] = {"type": "integer", "minimum": 1, "maximum": MAX_NUM_SAMPLES, "default": 1}
     props["topk_prompt_logprobs"] = {"type": "integer", "minimum": 0, "maximum": MAX_TOPK, "default": 0}
-    props["record_stability_info"] = {"const": False, "default": False}  # not offered (a 400 that says why)
     for name in ("topk_sample_logprobs", "prompt_alt_tokens_k"):
         props[name] = {"const": 0, "default": 0}  # not offered yet
     props["target_prompt_logprobs"] = {"anyOf": [{"type": "object", "maxProperties": 0}, {"type": "null"}]}
@@ -294,12 +293,15 @@ def patch_components(components: dict, served: Served) -> None:
     if "ForwardBackwardInput" in components:
         fb_input = components["ForwardBackwardInput"]
         fb_input["properties"]["data"]["minItems"] = 1
-        fb_input["properties"]["loss_fn"] = {"type": "string", "enum": sorted(LOSSES)}
+        # The JSON body (older SDKs) has no provenance spans, which stable_reinforce needs on
+        # every datum: that loss comes only in the protobuf body SDK 0.38 sends.
+        json_losses = {name: spec for name, spec in LOSSES.items() if name != "stable_reinforce"}
+        fb_input["properties"]["loss_fn"] = {"type": "string", "enum": sorted(json_losses)}
         fb_input["allOf"] = [
             {"if": {"properties": {"loss_fn": {"const": name}}},
              "then": {"properties": {"loss_fn_config": {"anyOf": [{"type": "null"}, {"type": "object", "additionalProperties": False,
                       "properties": {key: {"type": "number"} for key in spec.config_defaults}}]}}}}
-            for name, spec in sorted(LOSSES.items())
+            for name, spec in sorted(json_losses.items())
         ]  # fmt: skip
 
 

@@ -18,6 +18,7 @@ from google.protobuf.message import DecodeError
 from functions.gateway import proto_schema as pb
 from openrl_core.datum import Datum
 from openrl_core.errors import InvalidRequest
+from openrl_core.stability import Provenance, Span
 from openrl_core.tensors import Array, dense_from_csr
 
 _DTYPES = {
@@ -79,7 +80,25 @@ def _datum(index: int, datum) -> Datum:
         name: tensor_to_numpy(tensor, f"data[{index}].loss_fn_inputs[{name!r}]")
         for name, tensor in datum.loss_fn_inputs.items()
     }
-    return Datum(tokens_N=tokens, loss_fn_inputs=inputs)
+    return Datum(tokens_N=tokens, loss_fn_inputs=inputs, provenance=_provenance(datum))
+
+
+def _provenance(datum) -> Optional[Provenance]:
+    """The datum's provenance spans (the SDK sends both lists or neither); None without."""
+    if not datum.model_input_spans and not datum.loss_fn_input_spans:
+        return None
+    return Provenance(
+        model_input=tuple(_span(span) for span in datum.model_input_spans),
+        targets=tuple(_span(span) for span in datum.loss_fn_input_spans),
+    )
+
+
+def _span(span) -> Span:
+    kind = span.WhichOneof("span")
+    if kind is None:
+        raise InvalidRequest("a provenance span names neither prompt_tokens nor sampled_tokens")
+    run = getattr(span, kind)
+    return Span("prompt" if kind == "prompt_tokens" else "sampled", run.sequence_id, int(run.offset), int(run.length))
 
 
 def tensor_to_numpy(tensor, where: str) -> np.ndarray:

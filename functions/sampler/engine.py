@@ -30,6 +30,7 @@ from functions.compute.models import ModelFiles, load_causal_lm, load_tokenizer
 from functions.compute.shared_weights import load_frozen
 from functions.sampler import processing
 from functions.sampler.lora import LoraAdapters
+from functions.sampler.stability import sampling_logprobs_of
 from functions.sampler.stops import StopRule, make_decoder
 from functions.sampler.types import SampledSequence, SampleJob, SampleResult, StopReason
 from openrl_core.errors import InvalidRequest
@@ -100,6 +101,7 @@ class _Row:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     stop_reason: StopReason = "length"
+    sampling_logprobs: Optional[list[float]] = None  # kept when the job records stability info
 
 
 class SamplerEngine:
@@ -206,6 +208,9 @@ class SamplerEngine:
             for i, p in enumerate(pieces)
             for _ in range(p.count)
         ]
+        for row in rows:
+            if jobs[pieces[row.piece].job].record_stability_info:
+                row.sampling_logprobs = []
         live = [r for r in rows if r.budget > 0]
         if live:
             device = self.device
@@ -224,10 +229,15 @@ class SamplerEngine:
             uniform_R = self._draw_uniforms(live, pieces, jobs, generators)
             tokens_R = processing.next_tokens(logits_R_V, temperature_R, top_k_R, top_p_R, uniform_R)
             logprobs_R = processing.token_logprobs(logits_R_V, tokens_R)
+            behaviour = [None] * len(live)
+            if any(row.sampling_logprobs is not None for row in live):
+                behaviour = sampling_logprobs_of(logits_R_V, temperature_R, top_k_R, top_p_R, tokens_R).tolist()
             kept: list[int] = []
             for i, (row, token, logprob) in enumerate(zip(live, tokens_R.tolist(), logprobs_R.tolist())):
                 row.tokens.append(token)
                 row.logprobs.append(logprob)
+                if row.sampling_logprobs is not None:
+                    row.sampling_logprobs.append(behaviour[i])
                 row.budget -= 1
                 if rules[pieces[row.piece].job].is_stop(row.tokens, self._decode):
                     row.stop_reason = "stop"
@@ -248,7 +258,7 @@ class SamplerEngine:
 
         next_sample = [p.first for p in pieces]
         for row in rows:  # rows are in piece order, samples in order within a piece
-            sequence = SampledSequence(row.tokens, row.logprobs, row.stop_reason)
+            sequence = SampledSequence(row.tokens, row.logprobs, row.stop_reason, row.sampling_logprobs)
             sequences[pieces[row.piece].job][next_sample[row.piece]] = sequence
             next_sample[row.piece] += 1
 

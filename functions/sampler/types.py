@@ -29,6 +29,9 @@ class SampleJob:
     prompt_logprobs_last_n: Optional[int] = None
     # Key given to `SamplerEngine.load_adapter`; None samples the base model.
     adapter: Optional[str] = None
+    # Also report each token's logprob under the distribution it was drawn from
+    # (`SampledSequence.sampling_logprobs`), StableReinforce's record (openrl_core.stability).
+    record_stability_info: bool = False
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,10 @@ class SampledSequence:
     # One per token: log p(token | prompt + earlier tokens) under the raw distribution.
     logprobs: list[float]
     stop_reason: StopReason
+    # With `record_stability_info`: one per token, log p(token) under the distribution the
+    # engine actually drew it from (temperature, top-k, top-p applied); 0.0 for a greedy
+    # pick, which is certain. None when not asked.
+    sampling_logprobs: Optional[list[float]] = None
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,11 @@ What the child gets is already decided here, so both engines answer alike:
   `StopRule` the torch engine uses, keeping the token that completed the stop;
 - logprobs: vLLM runs with `logprobs_mode="raw_logprobs"`: the raw distribution, as Tinker
   reports; prompt logprobs come from vLLM's `prompt_logprobs=k` of the first sample row;
+- stability records (`record_stability_info`): vLLM reports one logprob mode per engine
+  (raw, above), so a token's logprob under the distribution it was drawn from is known
+  exactly only where that distribution is the raw one (temperature 1, no top-k / top-p) or
+  the pick is greedy (0.0); other parameters with `record_stability_info` are refused in
+  `validate` rather than recorded inexactly (`stability_logprobs_for`);
 - seeds: each sample row is its own vLLM request with its own seed, derived from the job's
   seed and the row index, so a seeded job gives the same samples whatever it is batched with;
 - LoRA: adapters are written to a directory and loaded with `add_lora` at `load_adapter`
@@ -239,6 +244,8 @@ class VllmEngine:
         validate_job(job, self.files, self.eos_token_ids, self._adapters)
         if job.topk_prompt_logprobs > MAX_TOPK_PROMPT_LOGPROBS:
             raise InvalidRequest(f"topk_prompt_logprobs must be at most {MAX_TOPK_PROMPT_LOGPROBS}")
+        if job.record_stability_info:
+            stability_logprobs_for(job.params, [], self.files.vocab_size)  # refuses what it cannot record
 
     def has_adapter(self, key: str) -> bool:
         return key in self._adapters
@@ -331,7 +338,19 @@ class VllmEngine:
                 if rule.is_stop(tokens[:end], self._decode):
                     tokens, logprobs, stop_reason = tokens[:end], logprobs[:end], "stop"
                     break
-            sequences.append(SampledSequence(tokens=list(tokens), logprobs=list(logprobs), stop_reason=stop_reason))
+            sampling_logprobs = (
+                stability_logprobs_for(job.params, logprobs, self.files.vocab_size)
+                if job.record_stability_info
+                else None
+            )
+            sequences.append(
+                SampledSequence(
+                    tokens=list(tokens),
+                    logprobs=list(logprobs),
+                    stop_reason=stop_reason,
+                    sampling_logprobs=sampling_logprobs,
+                )
+            )
         prompt_lps, topk_lps = _prompt_logprobs(job, rows[0].get("prompt_logprobs"))
         return SampleResult(sequences=sequences, prompt_logprobs=prompt_lps, topk_prompt_logprobs=topk_lps)
 
@@ -352,6 +371,22 @@ class VllmEngine:
         save_file(tensors, str(directory / "model.safetensors"))
         self._call("reload", path=str(directory))
         self._stale = False
+
+
+def stability_logprobs_for(params, raw_logprobs: list[float], vocab_size: int) -> list[float]:
+    """Each token's logprob under the distribution vLLM drew it from, from its raw logprobs:
+    the same values at temperature 1 without top-k / top-p, 0.0 for greedy picks; any other
+    parameters are an InvalidRequest (vLLM's raw mode does not give them)."""
+    if params.temperature <= 0:
+        return [0.0] * len(raw_logprobs)
+    limits_k = 0 < params.top_k < vocab_size
+    if params.temperature != 1.0 or limits_k or params.top_p < 1.0:
+        raise InvalidRequest(
+            "record_stability_info on the vLLM engine needs temperature 1 without top_k / top_p (or temperature 0); "
+            f"got temperature={params.temperature}, top_k={params.top_k}, top_p={params.top_p} "
+            "(the torch engine records any parameters)"
+        )
+    return [float(x) for x in raw_logprobs]
 
 
 def _prompt_logprobs(job: SampleJob, entries: Optional[list]):

@@ -27,6 +27,17 @@ A = `advantages`, r = exp(lp - q), sg = stop-gradient.
                        geometric mean), and a position with A = 0 adds nothing to the loss
                        anyway. An empty M gives s = 1.
 
+- stable_reinforce     sum over M of (-sg(min(u, c)) * lp * A + kl * (u - 1 - log u)),
+                       u = exp(lp - mu): truncated-importance-weighted REINFORCE against
+                       the sampler's RECORDED logprob mu of the distribution each token was
+                       drawn from (`stability_logprobs`, filled by the gateway from the
+                       sample's stability record, not the client's `logprobs`), plus an
+                       optional k3 estimate of KL(sampler || learner). M = rows a sampled
+                       provenance span backs (`stability_mask`); c = `clip_high_threshold`
+                       (2.0), kl = `kl_coeff` (0.0). On-policy (lp = mu) its gradient is
+                       importance_sampling's, -A per token. docs/losses.md says what of
+                       this is assumed (Tinker has not published the formula).
+
 `lo`/`hi` are `clip_low_threshold`/`clip_high_threshold`: absolute bounds on the ratio (PPO's
 0.8/1.2, not the epsilons). A per-token tensor of that name in the datum's inputs overrides
 the config scalar position by position.
@@ -39,6 +50,7 @@ from typing import Callable, Mapping
 import torch
 
 from openrl_core.errors import InvalidRequest
+from openrl_core.stability import STABILITY_LOGPROBS, STABILITY_MASK
 
 Inputs = Mapping[str, torch.Tensor]
 Config = Mapping[str, float]
@@ -96,6 +108,21 @@ def _gspo(lp: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
     return _clipped_objective_loss(ratio, inputs, config)
 
 
+def _stable_reinforce(lp: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
+    mu, mask = inputs.get(STABILITY_LOGPROBS), inputs.get(STABILITY_MASK)
+    if mu is None or mask is None:
+        raise InvalidRequest("loss_fn 'stable_reinforce' reached the trainer without its stability records")
+    in_m = mask != 0
+    # Rows outside M hold a placeholder mu of 0; their log-ratio is forced to 0 so exp
+    # cannot overflow there (and their terms are masked out anyway).
+    log_ratio = torch.where(in_m, lp - mu, torch.zeros_like(lp))
+    ratio = torch.exp(log_ratio)
+    weight = torch.clamp(ratio.detach(), max=float(config["clip_high_threshold"]))
+    policy = -weight * lp * inputs["advantages"]
+    kl = float(config["kl_coeff"]) * (ratio - 1.0 - log_ratio)
+    return torch.where(in_m, policy + kl, torch.zeros_like(lp)).sum()
+
+
 def _clipped_objective_loss(ratio: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
     advantages = inputs["advantages"]
     low, high = _thresholds(ratio, inputs, config)
@@ -122,4 +149,5 @@ _FORMULAS: dict[str, Callable[[torch.Tensor, Inputs, Config], torch.Tensor]] = {
     "cispo": _cispo,
     "dro": _dro,
     "gspo": _gspo,
+    "stable_reinforce": _stable_reinforce,
 }

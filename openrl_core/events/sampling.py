@@ -43,6 +43,8 @@ class SampleRequested(Payload):
     topk_prompt_logprobs: int = Field(0, ge=0)
     prompt_logprobs_last_n: Optional[int] = None
     sample_sequence_ids: list[str]
+    # Keep StableReinforce's per-sequence records in the completion (openrl_core.stability).
+    record_stability_info: bool = False
 
 
 SAMPLING_SESSION_CREATED = register(event_type(FAMILY, "create_sampling_session", "completed"), SamplingSessionCreated)

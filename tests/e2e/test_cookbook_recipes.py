@@ -11,8 +11,8 @@ with only command-line overrides (chz):
   deep-copies the 18 MB tokenizer each time (about a second per example on this machine).
 * `math_rl env=arithmetic` (synthetic addition problems): `model_name=Qwen/Qwen3-8B`
   (renderer `qwen3`, a chat template that stops on a token id) with
-  `loss_fn=importance_sampling`; its default `stable_reinforce` is refused with a 400 that
-  names what is missing.
+  `loss_fn=importance_sampling`; its default `stable_reinforce` runs in
+  `test_cookbook_rl_defaults.py`.
 
 Checks are on what the recipes write (metrics.jsonl, checkpoints.jsonl, their log) and on
 what the server then lists through the REST API.
@@ -144,16 +144,3 @@ def test_math_rl_unchanged_trains_a_full_run_when_the_name_is_configured_full(sd
     run_id = run_id_of(read_jsonl(log_path / "checkpoints.jsonl")[-1]["state_path"])
     run = tinker.RestClient().get_training_run(run_id).result()
     assert run.base_model == "Qwen/Qwen3-32B" and run.is_lora is False and run.lora_rank is None
-
-
-def test_math_rl_default_stable_reinforce_is_refused_by_name(sdk_env, hf_home, tmp_path):
-    """Its default loss needs samples taken with record_stability_info, which the server refuses."""
-    done = run_recipe(
-        "tinker_cookbook.recipes.math_rl.train",
-        math_rl_args(tmp_path / "math_rl"),
-        recipe_env(sdk_env.url, API_KEY, hf_home),
-        tmp_path,
-    )
-    assert done.returncode != 0
-    assert "Error code: 400" in done.stdout and "record_stability_info=true" in done.stdout, done.stdout[-4000:]
-    assert "loss_fn 'stable_reinforce'" in done.stdout and "loss_fn=importance_sampling" in done.stdout

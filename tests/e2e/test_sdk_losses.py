@@ -7,8 +7,9 @@ Sampler logprobs `q` are the learner's own logprobs shifted by up to ±0.6 nats 
 against the advantage's sign), so the ratios r = exp(lp - q) fall on both sides of every clip
 range and clipping matters. Also here: the
 client-side custom-loss path (`forward_backward_custom`, two requests through forward
-logprobs) takes the same optimizer step as `cross_entropy` with the weights it implies, and
-`stable_reinforce` is refused with a 400 that names it and says what is missing.
+logprobs) takes the same optimizer step as `cross_entropy` with the weights it implies.
+`stable_reinforce`, which trains on the sampler's records, is tested in
+`test_sdk_stable_reinforce.py`.
 """
 
 from __future__ import annotations
@@ -189,19 +190,6 @@ def test_a_config_key_the_loss_does_not_use_is_refused(rig):
     data, _ = rl_batch(sequences, current, with_mask=False)
     with pytest.raises(tinker.BadRequestError, match="not used by 'ppo'.*clip_high_threshold"):
         training.forward_backward(data, "ppo", {"beta": 0.1}).result()
-
-
-def test_stable_reinforce_is_refused_by_name(rig):
-    training, sequences, current = rig
-    data, _ = rl_batch(sequences, current, with_mask=False)
-    with pytest.raises(
-        tinker.BadRequestError, match="loss_fn 'stable_reinforce' is not supported.*record_stability_info"
-    ):
-        training.forward_backward(data, "stable_reinforce").result()
-    sampler = training.save_weights_and_get_sampling_client(record_stability_info=True).result()
-    prompt = types.ModelInput.from_ints(sequences[0][0])
-    with pytest.raises(tinker.BadRequestError, match="record_stability_info=true.*'stable_reinforce'"):
-        sampler.sample(prompt, num_samples=1, sampling_params=types.SamplingParams(max_tokens=2)).result()
 
 
 def test_forward_backward_custom_takes_the_cross_entropy_step(sdk_env):

@@ -85,6 +85,8 @@ def render() -> str:
         "`tests/e2e/test_sdk_surface.py`, which finds the methods by reflection and fails on a method",
         "without a case. `_async` variants are rows of their own, each awaited in its own run. This",
         "file is generated from the cases: `make compat` rewrites it after they all pass.",
+        "Loss functions, and what `stable_reinforce` assumes where Tinker publishes no formula:",
+        "[losses.md](losses.md) (written by hand).",
         "",
         f"**{len(METHODS)} methods: {counts[WORKS]} work, {counts[NOTE]} work with a note, "
         f"{counts[REFUSED]} are refused (make no sense self-hosted), {counts[OTHER]} other.**",

@@ -132,3 +132,27 @@ def test_full_finetuned_weights_sample_like_the_torch_server(vllm_server, sdk_en
         assert g.tokens == w.tokens
         assert max(abs(a - b) for a, b in zip(g.logprobs, w.logprobs)) < TOLERANCE
     assert got[0].logprobs != got[1].logprobs  # the second publication really changed the weights
+
+
+def test_stable_reinforce_trains_on_the_vllm_engines_records(vllm_server):
+    """Sampled on vLLM with record_stability_info (temperature 1), trained with stable_reinforce:
+    loss:sum equals the reference from the returned logprobs and vLLM's own logprobs."""
+    from tests.e2e.test_sdk_stable_reinforce import ADVANTAGES, datum, reference, sample
+    from tests.e2e.test_sdk_stable_reinforce import PROMPT as RECORDED_PROMPT
+
+    service = tinker.ServiceClient(base_url=vllm_server.url, api_key=API_KEY)
+    try:
+        training = service.create_lora_training_client(base_model=MODEL, rank=4, seed=3).result()
+        sequences = sample(training)
+        data = [datum(RECORDED_PROMPT, s, a) for s, a in zip(sequences, ADVANTAGES)]
+        output = training.forward_backward(data, "stable_reinforce").result()
+        assert output.metrics["loss:sum"] == pytest.approx(
+            reference(output, sequences, {"cap": 2.0, "kl": 0.0}), rel=1e-4, abs=1e-4
+        )
+        tempered = training.save_weights_and_get_sampling_client(record_stability_info=True).result()
+        with pytest.raises(tinker.RequestFailedError, match="needs temperature 1"):
+            tempered.sample(
+                types.ModelInput.from_ints(PROMPT), 1, types.SamplingParams(max_tokens=2, temperature=0.7)
+            ).result()
+    finally:
+        close_service(service)

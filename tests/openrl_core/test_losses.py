@@ -29,12 +29,11 @@ def test_bad_config_is_refused(loss_fn, config, message):
         resolve_config(loss_fn, config)
 
 
-def test_stable_reinforce_and_custom_are_refused_with_their_reason_not_as_unknown():
+def test_stable_reinforce_is_served_and_custom_is_refused_with_its_reason_not_as_unknown():
     assert not set(UNSUPPORTED) & set(LOSSES)
-    with pytest.raises(InvalidRequest) as refused:
-        loss_spec("stable_reinforce")
-    assert "'stable_reinforce' is not supported" in refused.value.detail
-    assert "record_stability_info" in refused.value.detail and "importance_sampling" in refused.value.detail
+    spec = loss_spec("stable_reinforce")
+    assert spec.required == ("target_tokens", "advantages")
+    assert resolve_config("stable_reinforce", {"kl_coeff": 0.01}) == {"clip_high_threshold": 2.0, "kl_coeff": 0.01}
     with pytest.raises(InvalidRequest, match="forward_backward_custom"):
         loss_spec("custom")
     with pytest.raises(InvalidRequest, match="unknown loss_fn 'mse'"):

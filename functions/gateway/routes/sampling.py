@@ -22,7 +22,6 @@ from openrl_core.events import new_event
 from openrl_core.events.lifecycle import BlobRef
 from openrl_core.events.sampling import SAMPLE, SAMPLING_SESSION_CREATED, SampleRequested, SamplingSessionCreated
 from openrl_core.ids import new_request_id, sampling_session_id_for
-from openrl_core.losses import RECORD_STABILITY_INFO_REFUSAL
 from openrl_core.params import SamplingParams
 from openrl_core.wire.base import UntypedAPIFuture
 from openrl_core.wire.sampling import (
@@ -137,6 +136,7 @@ def _asample(ctx: GatewayContext, tenant: str, raw: bytes) -> UntypedAPIFuture:
         topk_prompt_logprobs=body.topk_prompt_logprobs,
         prompt_logprobs_last_n=body.prompt_logprobs_last_n,
         sample_sequence_ids=sequence_ids,
+        record_stability_info=bool(body.record_stability_info),
     )
     dedup = Dedup.of(f"sample:{session.sampling_session_id}:{body.seq_id}", raw) if body.seq_id is not None else None
     future = submit(
@@ -198,8 +198,6 @@ def _validate(body: SampleRequest, prompt: list[int], vocab_size: int, max_conte
             raise InvalidRequest("prompt_logprobs_last_n needs prompt_logprobs=true")
         if not 1 <= body.prompt_logprobs_last_n <= len(prompt) - 1:
             raise InvalidRequest(f"prompt_logprobs_last_n must be between 1 and {len(prompt) - 1}")
-    if body.record_stability_info:
-        raise InvalidRequest(RECORD_STABILITY_INFO_REFUSAL)
     unsupported = {
         "topk_sample_logprobs": body.topk_sample_logprobs,
         "prompt_alt_tokens_k": body.prompt_alt_tokens_k,

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Depends, Request
 from functions.gateway import body_limit, jsonbodies, proto
 from functions.gateway.context import GatewayContext
 from functions.gateway.deps import get_ctx, get_tenant, read_body, require_run
+from functions.gateway.stability import attach_records
 from functions.gateway.submit import submit_sequenced, submitting
 from openrl_core.datum import DatumRecord, validate_batch
 from openrl_core.errors import InvalidRequest, PayloadTooLarge
@@ -127,6 +128,7 @@ def _submit_forward_backward(
     def build(request_id: str) -> ForwardBackwardRequested:
         call = decode()
         validate_batch(call.data, call.loss_fn, files.vocab_size, files.max_context)
+        data = attach_records(ctx, tenant, run.model_id, call.loss_fn, call.data)
         return ForwardBackwardRequested(
             request_id=request_id,
             model_id=run.model_id,
@@ -134,7 +136,7 @@ def _submit_forward_backward(
             loss_fn=call.loss_fn,
             loss_fn_config=resolve_config(call.loss_fn, call.loss_fn_config),
             forward_only=call.forward_only,
-            data=[DatumRecord.from_datum(datum) for datum in call.data],
+            data=[DatumRecord.from_datum(datum) for datum in data],
         )
 
     return submit_sequenced(

@@ -21,7 +21,7 @@ import torch
 
 from functions.sampler.engine import SamplerEngine
 from functions.sampler.types import SampleJob
-from functions.sampler.vllm_engine import DEFAULT_ENV, VllmEngine, VllmOptions, row_seed
+from functions.sampler.vllm_engine import DEFAULT_ENV, VllmEngine, VllmOptions, row_seed, stability_logprobs_for
 from openrl_core.errors import InvalidRequest
 from openrl_core.params import SamplingParams
 from tests.functions.sampler.test_engine_adapters import build_adapter
@@ -279,3 +279,38 @@ def test_full_weights_reload_matches_torch_on_the_same_weights(vllm_engine, tiny
     after = vllm_engine.sample([greedy(PROMPT)])[0]
     assert after.sequences[0].logprobs != before.sequences[0].logprobs
     assert_close(after, reference.sample([greedy(PROMPT)])[0])
+
+
+# ---------------------------------------------------------------------- stability records
+
+
+def test_stability_logprobs_are_the_raw_ones_or_refused_when_vllm_cannot_know_them():
+    plain, greedy_params = SamplingParams(max_tokens=2), SamplingParams(max_tokens=2, temperature=0)
+    assert stability_logprobs_for(plain, [-0.5, -2.0], 1000) == [-0.5, -2.0]
+    assert stability_logprobs_for(greedy_params, [-0.5, -2.0], 1000) == [0.0, 0.0]
+    assert stability_logprobs_for(SamplingParams(max_tokens=2, top_k=1000), [-1.0], 1000) == [-1.0]  # no cut
+    for params in (
+        SamplingParams(max_tokens=2, temperature=0.7),
+        SamplingParams(max_tokens=2, top_k=20),
+        SamplingParams(max_tokens=2, top_p=0.9),
+    ):
+        with pytest.raises(InvalidRequest, match="record_stability_info on the vLLM engine needs temperature 1"):
+            stability_logprobs_for(params, [-1.0], 1000)
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_stability_records_match_torch(vllm_engine, torch_engine):
+    """Greedy rows: both engines record 0.0 for every (identical) token; temperature-1 rows:
+    vLLM records its raw logprobs; parameters it cannot record are refused up front."""
+    recorded = greedy(PROMPT, n=2, record_stability_info=True)
+    got, want = vllm_engine.sample([recorded])[0], torch_engine.sample([recorded])[0]
+    assert_close(got, want)
+    for g, w in zip(got.sequences, want.sequences):
+        assert g.sampling_logprobs == w.sampling_logprobs == [0.0] * len(g.tokens)
+    plain = SampleJob(PROMPT, 3, SamplingParams(max_tokens=STEPS, seed=5), record_stability_info=True)
+    for sequence in vllm_engine.sample([plain])[0].sequences:
+        assert sequence.sampling_logprobs == sequence.logprobs and len(sequence.tokens) > 0
+    tempered = SampleJob(PROMPT, 1, SamplingParams(max_tokens=STEPS, temperature=0.7), record_stability_info=True)
+    with pytest.raises(InvalidRequest, match="needs temperature 1"):
+        vllm_engine.validate(tempered)
