@@ -299,6 +299,17 @@ class Settings(BaseSettings):
         description="estimated activation memory (logits + saved decoder activations) of a pass "
         "several models share; bigger requests run in passes of their own, where sharing stops paying",
     )
+    trainer_precision: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="trainer dtypes (functions/trainer/precision.py): float32 everywhere, or bfloat16 (LoRA: bf16 "
+        "base, float32 adapters and Adam state; full runs: float32 master weights and Adam state, bf16 autocast); "
+        "auto: bfloat16 on CUDA, float32 elsewhere (bitwise reproducible on CPU)",
+    )
+    trainer_activation_checkpointing: bool = Field(
+        False,
+        description="recompute each decoder layer's activations in the backward instead of keeping them (about a "
+        "third more compute, activations no longer grow with depth; see docs/memory.md)",
+    )
     sampler_max_full_models: int = Field(
         2, ge=1, description="full fine-tuned weight sets a sampler keeps per base model (least recently used leaves)"
     )
