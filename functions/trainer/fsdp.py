@@ -41,6 +41,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from functions.compute.models import ModelFiles, load_causal_lm
+from functions.compute.weight_sync import Publication, Publisher, Put
 from functions.trainer import batching, optimizer, passes
 from functions.trainer.precision import Precision, decoder_layers
 from openrl_core.datum import Datum, validate_batch
@@ -127,6 +128,12 @@ class ShardedFullRun:
     def gathered_weights(self) -> dict[str, torch.Tensor]:
         """Full float32 tensors on every rank (an all-gather per parameter)."""
         return {name: p.detach().full_tensor().clone() for name, p in self.params.items()}
+
+    def publish(self, publisher: Publisher, version: int, put: Put) -> Publication | None:
+        """Sampler weights from the gathered model: every rank gathers (a collective), rank 0
+        publishes them in the serving dtype (a sparse delta or a full checkpoint); others get None."""
+        weights = self.gathered_weights()
+        return publisher.publish(weights, version, put) if self.rank == 0 else None
 
     def local_bytes(self) -> int:
         """This rank's resident bytes: weight shards, gradient shards, both moments."""

@@ -10,6 +10,7 @@ the checkpoint (the other rank is left blocked in a collective; the test kills i
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import sys
@@ -18,14 +19,22 @@ from pathlib import Path
 import torch
 
 from functions.compute.models import materialize
+from functions.compute.weight_sync import Publisher
 from functions.trainer.fsdp import ShardedFullRun, init_process_group
 from openrl_core.catalog import BUILTIN, TINY_QWEN3
+from openrl_core.events.lifecycle import BlobRef
 from openrl_core.params import AdamParams
 from tests.functions.trainer.conftest import sft_batch
 
 STEPS, CHECKPOINT_AT = 3, 2
 LENGTHS = [5, 17, 33]  # three datums over two ranks: rank 0 gets two, rank 1 one
 HP = AdamParams(learning_rate=1e-4, grad_clip_norm=50.0, weight_decay=0.01)
+
+
+def put(root: Path, data: bytes) -> BlobRef:
+    digest = hashlib.sha256(data).hexdigest()
+    (root / digest).write_bytes(data)
+    return BlobRef(sha256=digest, size=len(data))
 
 
 def main(rank: int, world: int, port: int, out: Path, mode: str) -> None:
@@ -36,12 +45,18 @@ def main(rank: int, world: int, port: int, out: Path, mode: str) -> None:
     if mode == "resume":
         run.load(out / "checkpoint")
         first = CHECKPOINT_AT
-    losses, norms, logprobs = [], [], []
+    losses, norms, logprobs, publications = [], [], [], []
+    blobs = out / f"blobs-{mode}"
+    blobs.mkdir(exist_ok=True)
+    publisher = Publisher("run", TINY_QWEN3, "bfloat16", full_every=0)
     for step in range(first, STEPS):
         result = run.forward_backward(sft_batch(step, LENGTHS), "cross_entropy", None)
         losses.append(result.metrics["loss:sum"])
         logprobs.append([torch.from_numpy(x) for x in result.logprobs])
         norms.append(run.optim_step(HP)["optim/grad_norm"])
+        publication = run.publish(publisher, step + 1, lambda data: put(blobs, data))
+        if rank == 0:
+            publications.append((publication.kind, publication.manifest.sha256, publication.changed))
         if step + 1 == CHECKPOINT_AT and mode != "resume":
             run.save(out / "checkpoint")
             if mode == "die" and rank == 1:
@@ -55,6 +70,7 @@ def main(rank: int, world: int, port: int, out: Path, mode: str) -> None:
                 "logprobs": logprobs,
                 "weights": weights,
                 "local_bytes": run.local_bytes(),
+                "publications": publications,
             },
             out / f"{mode}.pt",
         )

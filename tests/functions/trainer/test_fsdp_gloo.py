@@ -26,8 +26,10 @@ import numpy as np
 import pytest
 import torch
 
+from functions.compute.weight_sync import Receiver, read_manifest
 from functions.trainer.full import FullFinetuneEngine
 from openrl_core import memory
+from openrl_core.events.lifecycle import BlobRef
 from tests.functions.trainer.conftest import sft_batch
 from tests.functions.trainer.fsdp_rank import CHECKPOINT_AT, HP, LENGTHS, STEPS
 
@@ -89,6 +91,31 @@ def test_two_ranks_train_as_one_process(trained, tiny_files):
     # Each rank holds half of the run's float32 weights, gradients and moments (the memory model).
     parameters = sum(w.numel() for w in weights.values())
     assert sharded["local_bytes"] == memory.full_state_bytes(parameters, WORLD)
+
+
+def test_sampler_weights_are_published_from_the_gathered_weights_in_bf16(trained):
+    """Rank 0 publishes each step (weight_sync.Publisher); a receiver that follows
+    the manifests holds bitwise the bf16 of the gathered float32 weights."""
+    out, sharded = trained
+    blobs = out / "blobs-train"
+
+    def fetch(ref):
+        return (blobs / ref.sha256).read_bytes()
+
+    # The first is a full checkpoint; later ones are deltas unless too dense (at lr 1e-4 on the
+    # tiny model's random weights most bf16 elements change each step, so they are full too).
+    kinds = [kind for kind, _, _ in sharded["publications"]]
+    assert len(kinds) == STEPS and kinds[0] == "full" and set(kinds) <= {"full", "delta"}
+    weights = sharded["weights"]
+    receiver = Receiver(
+        {k: torch.nn.Parameter(torch.zeros(v.shape), requires_grad=False) for k, v in weights.items()}, "bfloat16"
+    )
+    for _, manifest, _ in sharded["publications"]:
+        receiver.update(read_manifest(fetch(BlobRef(sha256=manifest, size=0))), fetch)
+    for key, tensor in weights.items():
+        have = receiver.params[key].detach().to(torch.bfloat16).view(torch.int16)
+        assert torch.equal(have, tensor.to(torch.bfloat16).view(torch.int16)), key
+    assert receiver.version == STEPS
 
 
 def test_a_rank_killed_after_a_checkpoint_is_recovered_by_reloading_and_replaying(trained):
