@@ -45,7 +45,8 @@ def free_port() -> int:
 
 def launch(out: Path, mode: str) -> list[subprocess.Popen]:
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     return [
         subprocess.Popen(
             [sys.executable, "-m", "tests.functions.trainer.fsdp_rank", str(rank), str(WORLD), str(port), str(out), mode],

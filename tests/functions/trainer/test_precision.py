@@ -39,8 +39,8 @@ def relative_l2(have: dict, want: dict) -> float:
     return float(np.sqrt(diff / norm))
 
 
-def lora_steps(files, precision: Precision, lr=1e-3):
-    engine = TrainerEngine(files, precision=precision)
+def lora_steps(files, precision: Precision, lr=1e-3, device="cpu"):
+    engine = TrainerEngine(files, device=device, precision=precision)
     engine.create_adapter("m", LoraConfig(rank=8, seed=3))
     steps = []
     for step in range(STEPS):
@@ -50,16 +50,16 @@ def lora_steps(files, precision: Precision, lr=1e-3):
     return engine, steps, engine.adapter_weights("m")
 
 
-def full_steps(files, precision: Precision, lr=1e-4):
-    engine = FullFinetuneEngine(files, precision=precision)
+def full_steps(files, precision: Precision, lr=1e-4, device="cpu"):
+    engine = FullFinetuneEngine(files, device=device, precision=precision)
     engine.create("r")
     steps = []
     for step in range(STEPS):
         result = engine.forward_backward("r", sft_batch(step, LENGTHS), "cross_entropy", None, False)
-        grads = {k: p.grad.detach().clone().numpy() for k, p in engine._runs["r"].params.items()}
+        grads = {k: p.grad.detach().cpu().clone().numpy() for k, p in engine._runs["r"].params.items()}
         steps.append((result.metrics["loss:sum"], np.concatenate(result.logprobs), grads))
         engine.optim_step("r", AdamParams(learning_rate=lr))
-    return engine, steps, {k: v.numpy() for k, v in engine.weights("r").items()}
+    return engine, steps, {k: v.cpu().numpy() for k, v in engine.weights("r").items()}
 
 
 def assert_close_to_reference(bf16, reference, lr):
