@@ -336,6 +336,14 @@ class Settings(BaseSettings):
     vllm_dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="dtype vLLM computes in (float32 matches the torch engine to 1e-4; bfloat16 suits GPUs)"
     )
+    vllm_tensor_parallel_size: int = Field(
+        1, ge=1, le=8, description="CUDA: GPUs one vLLM sampler engine spans (tensor parallelism)"
+    )
+    vllm_sleep_level: Literal[0, 1, 2] = Field(
+        1,
+        description="CUDA: vLLM sleep level a parked engine uses (1: weights to host memory, KV cache dropped; "
+        "2: both dropped, weights reloaded on wake; 0: never sleeps)",
+    )
     vllm_gpu_memory_utilization: float = Field(
         0.5, gt=0, le=1, description="share of GPU memory a vLLM engine may take on CUDA (weights and KV cache)"
     )
