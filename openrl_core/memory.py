@@ -191,7 +191,7 @@ def decoder_activation_bytes(
     """Bytes the decoder (not the vocabulary projection) keeps for the backward of one pass.
     Checkpointed: each layer's input, plus one layer's full set while it recomputes."""
     h, q, kv, i = shape.hidden_size, shape.q_width, shape.kv_width, shape.intermediate_size
-    compute_bytes(precision)
+    compute_bytes(precision)  # refuses an unknown precision
     per_layer = LAYER_BYTES_PER_ELEMENT[(kind, precision)] * (6 * h + 4 * q + 4 * kv + 4 * i)
     if kind == "lora":
         per_layer += 4 * lora_rank * len(shape.linears())  # each adapted linear's x A^T, float32
@@ -230,6 +230,8 @@ def estimate(
 ) -> Estimate:
     """A run's bytes on one device. LoRA: all modules adapted (Tinker's default)."""
     b = compute_bytes(precision)
+    if kind not in ("lora", "full"):
+        raise InvalidRequest(f"unknown run kind {kind!r}; choose lora or full")
     rank = lora_rank if kind == "lora" else 0
     activations = activation_bytes(shape, batch, precision, kind, checkpointing, rank) if batch else 0
     params = shape.parameters()
@@ -237,8 +239,6 @@ def estimate(
         if shards != 1:
             raise InvalidRequest("LoRA runs are not sharded: the base is shared by every adapter on one device")
         return Estimate(params * b, lora_state_bytes(shape.lora_parameters(lora_rank)), 0, activations)
-    if kind != "full":
-        raise InvalidRequest(f"unknown run kind {kind!r}; choose lora or full")
     if b == 4:
         transient = 0 if shards == 1 else 2 * 4 * shape.layer_parameters()
     else:

@@ -81,7 +81,7 @@ def test_bad_inputs_are_refused():
     with pytest.raises(InvalidRequest):
         memory.estimate(TINY, "lora", "float32", shards=2)
     with pytest.raises(InvalidRequest):
-        memory.estimate(TINY, "qlora", "float32")
+        memory.estimate(TINY, "qlora", "float32", Batch(1, 8))
     with pytest.raises(InvalidRequest):
         memory.full_state_bytes(100, shards=0)
     with pytest.raises(InvalidRequest):
