@@ -130,6 +130,8 @@ class Node:
                 release_memory=settings.release_host_memory,
                 release_idle_seconds=settings.release_host_memory_idle_ms / 1000,
                 release_runs_after=settings.trainer_release_runs_after_s,
+                precision=settings.trainer_precision,
+                activation_checkpointing=settings.trainer_activation_checkpointing,
             )  # fmt: skip
             self.trainer = TrainerWorker(
                 rt.bus, rt.publisher, rt.blobs, rt.models, slicer("trainer"), settings.device,

@@ -50,6 +50,21 @@ TINY_QWEN3_CONFIG: Mapping[str, Any] = {
 }
 TINY_QWEN3_SEED = 0
 
+# Dimensions of published models from their Hugging Face config.json (Qwen/Qwen3-*), for the
+# memory model and its table (docs/memory.md); not served unless added as a local directory.
+_QWEN3 = {"model_type": "qwen3", "vocab_size": 151936, "num_key_value_heads": 8, "head_dim": 128}
+PUBLISHED_CONFIGS: Mapping[str, Mapping[str, Any]] = {
+    "Qwen/Qwen3-1.7B": {**_QWEN3, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28,
+                        "num_attention_heads": 16, "tie_word_embeddings": True},
+    "Qwen/Qwen3-4B": {**_QWEN3, "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
+                      "num_attention_heads": 32, "tie_word_embeddings": True},
+    "Qwen/Qwen3-8B": {**_QWEN3, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+                      "num_attention_heads": 32, "tie_word_embeddings": False},
+    SMOLLM2_135M: {"model_type": "llama", "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
+                   "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
+                   "tie_word_embeddings": True},
+}  # fmt: skip
+
 
 @dataclass(frozen=True)
 class ModelSpec:

@@ -299,6 +299,17 @@ class Settings(BaseSettings):
         description="estimated activation memory (logits + saved decoder activations) of a pass "
         "several models share; bigger requests run in passes of their own, where sharing stops paying",
     )
+    trainer_precision: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="trainer dtypes (functions/trainer/precision.py): float32 everywhere, or bfloat16 (LoRA: bf16 "
+        "base, float32 adapters and Adam state; full runs: float32 master weights and Adam state, bf16 autocast); "
+        "auto: bfloat16 on CUDA, float32 elsewhere (bitwise reproducible on CPU)",
+    )
+    trainer_activation_checkpointing: bool = Field(
+        False,
+        description="recompute each decoder layer's activations in the backward instead of keeping them (about a "
+        "third more compute, activations no longer grow with depth; see docs/memory.md)",
+    )
     sampler_max_full_models: int = Field(
         2, ge=1, description="full fine-tuned weight sets a sampler keeps per base model (least recently used leaves)"
     )
@@ -324,6 +335,14 @@ class Settings(BaseSettings):
     vllm_kv_cache_gib: int = Field(1, ge=1, description="vLLM KV cache size on CPU, whole GiB")
     vllm_dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="dtype vLLM computes in (float32 matches the torch engine to 1e-4; bfloat16 suits GPUs)"
+    )
+    vllm_tensor_parallel_size: int = Field(
+        1, ge=1, le=8, description="CUDA: GPUs one vLLM sampler engine spans (tensor parallelism)"
+    )
+    vllm_sleep_level: Literal[0, 1, 2] = Field(
+        1,
+        description="CUDA: vLLM sleep level a parked engine uses (1: weights to host memory, KV cache dropped; "
+        "2: both dropped, weights reloaded on wake; 0: never sleeps)",
     )
     vllm_gpu_memory_utilization: float = Field(
         0.5, gt=0, le=1, description="share of GPU memory a vLLM engine may take on CUDA (weights and KV cache)"

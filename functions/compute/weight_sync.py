@@ -354,16 +354,20 @@ class Receiver:
             (i for i, link in enumerate(chain) if link.version == self.version and link.checksum == self.checksum), None
         )
         todo = chain[position + 1 :] if position is not None else chain
-        moved = 0
+        moved, touched = 0, set()
         for link in todo:
             data = fetch(link.file)
             moved += len(data)
             if link.kind == "full":
                 self.load_full(data, link)
+                touched |= set(self.params)
             else:
-                self.apply_delta(data, link)
+                touched |= self.apply_delta(data, link)
+        # `touched`: the tensors with any element written, for an engine that copies changed
+        # tensors into its own (vLLM on CUDA) instead of reloading them all.
         self.last_update = {"kind": "delta" if position is not None else "full", "links": len(todo),
-                            "seconds": time.perf_counter() - started, "bytes": moved}  # fmt: skip
+                            "seconds": time.perf_counter() - started, "bytes": moved,
+                            "touched": sorted(touched)}  # fmt: skip
         return self.last_update
 
     @torch.no_grad()
@@ -390,7 +394,8 @@ class Receiver:
         self.version, self.checksum = link.version, checksum
 
     @torch.no_grad()
-    def apply_delta(self, data: bytes, link: Link) -> None:
+    def apply_delta(self, data: bytes, link: Link) -> set[str]:
+        """Write the delta's elements in place; returns the names of the tensors it changed."""
         header, deltas = decode_delta(data)
         if int(header["base_version"]) != self.version or int(header["base_checksum"]) != self.checksum:
             raise InvalidRequest(
@@ -425,3 +430,4 @@ class Receiver:
         written = _balanced(plans, _POOL._max_workers, size=lambda p: p[1].size)
         list(_POOL.map(lambda share: [target.write(indices, values) for target, indices, values, _ in share], written))
         self.version, self.checksum = int(header["version"]), checksum
+        return {piece.name for piece in deltas if piece.count}

@@ -136,8 +136,8 @@ class SamplerEngine:
         """Bytes of the base weights, which the worker registers with the timeslicer."""
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
-    def weights_changed(self) -> None:
-        """Weight sync patched `.model` in place; nothing to do here (the vLLM engine reloads)."""
+    def weights_changed(self, names=None) -> None:
+        """Weight sync patched `.model` in place; nothing to do here (the vLLM engine copies them)."""
 
     # ------------------------------------------------------------------ validation
 

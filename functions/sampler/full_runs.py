@@ -67,7 +67,7 @@ class FullRunCopies:
         self.copies.move_to_end(key)
         update = copy.receiver.update(manifest, fetch)
         if update["kind"] != "none":
-            copy.engine.weights_changed()  # an engine that cannot use `.model` in place reloads
+            copy.engine.weights_changed(update["touched"])  # an engine that cannot use `.model` in place copies
             log.info("sampler: %s now at version %s (%s, %d links, %.3f s, %d bytes)", key,
                      copy.receiver.version, update["kind"], update.get("links", 0), update["seconds"], update["bytes"])  # fmt: skip
         return update

@@ -9,7 +9,7 @@ compare them with the trainer's logprobs of the same tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional, Protocol
+from typing import Iterable, Literal, Optional, Protocol
 
 from openrl_core.params import SamplingParams
 
@@ -72,4 +72,4 @@ class Engine(Protocol):
     def weight_bytes(self) -> int: ...
     @property
     def model(self): ...  # torch weights that weight sync patches in place (full runs)
-    def weights_changed(self) -> None: ...
+    def weights_changed(self, names: Optional[Iterable[str]] = None) -> None: ...  # None: all of them

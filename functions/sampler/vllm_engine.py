@@ -29,9 +29,14 @@ What the child gets is already decided here, so both engines answer alike:
   vLLM sizes its LoRA slots for one rank at start (`max_lora_rank`, rounded up to a rank
   vLLM knows); a higher-rank adapter restarts the child with room for it, adapters kept;
 - full fine-tuning weights: `.model` is a torch copy in this process that weight sync
-  patches (deltas or full checkpoints); `weights_changed()` marks it, and the next sample
-  first reloads vLLM's whole state from it, because on CPU vLLM cannot patch weights in
-  place (oneDNN prepacks them at load) and a partial reload leaves stale packed weights.
+  patches (deltas or full checkpoints); `weights_changed(names)` marks it. On CPU the next
+  sample first reloads vLLM's whole state from it, because there vLLM cannot patch weights
+  in place (oneDNN prepacks them at load) and a partial reload leaves stale packed weights.
+  On CUDA only the changed tensors are copied into the running engine (`_update_in_place`,
+  vLLM's `load_weights`): whole tensors, not elements, so a dense delta moves them all;
+- CUDA only: `tensor_parallel_size` GPUs per engine; `park`/`restore` put the engine to
+  sleep and wake it (vLLM sleep mode, `sleep_level`). The sampler worker does not call them
+  yet (its base job is registered non-parkable); tests/cuda/test_cuda_vllm.py drives them.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ import struct
 import subprocess
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -88,6 +94,8 @@ class VllmOptions:
     dtype: str = "float32"
     device: str = "cpu"
     max_num_seqs: int = 64
+    tensor_parallel_size: int = 1  # CUDA: GPUs one engine spans (vLLM tensor parallelism)
+    sleep_level: int = 1  # CUDA: what `park` frees (vLLM sleep: 1 weights to host, KV cache dropped; 2 both dropped)
 
     @classmethod
     def from_settings(cls, settings, device: str = "cpu") -> "VllmOptions":
@@ -95,7 +103,8 @@ class VllmOptions:
             env=settings.vllm_env, max_loras=settings.vllm_max_loras, max_lora_rank=settings.vllm_max_lora_rank,
             max_cpu_loras=max(settings.sampler_max_adapters, settings.vllm_max_loras), kv_cache_gib=settings.vllm_kv_cache_gib,
             gpu_memory_utilization=settings.vllm_gpu_memory_utilization, device=device, dtype=settings.vllm_dtype,
-            max_num_seqs=settings.sampler_max_batch_rows,
+            max_num_seqs=settings.sampler_max_batch_rows, tensor_parallel_size=settings.vllm_tensor_parallel_size,
+            sleep_level=settings.vllm_sleep_level,
         )  # fmt: skip
 
 
@@ -136,6 +145,8 @@ class VllmEngine:
         self._next_lora = 1
         self._shadow = None  # torch copy of full fine-tuned weights, loaded on first `.model`
         self._stale = False  # the shadow changed since vLLM last loaded it
+        self._changed: Optional[set[str]] = set()  # which of its tensors (None: unknown, all)
+        self.asleep = False
         self._lock = threading.Lock()  # one request in flight on the pipe
         self._proc: Optional[subprocess.Popen] = None
         # vLLM sizes its LoRA slots for one rank at start; an adapter of a higher rank
@@ -163,6 +174,8 @@ class VllmEngine:
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.options.kv_cache_gib))
         else:
             config["gpu_memory_utilization"] = self.options.gpu_memory_utilization
+            config["tensor_parallel_size"] = self.options.tensor_parallel_size
+            config["enable_sleep_mode"] = self.options.sleep_level > 0
         # -P: the script's folder (functions/sampler, with its own types.py) must not shadow
         # the standard library on the child's sys.path.
         self._proc = subprocess.Popen(
@@ -205,7 +218,7 @@ class VllmEngine:
         self._start()
         for lora_id in self._adapters.values():
             self._call("add_lora", id=lora_id, path=str(self._dir / f"lora-{lora_id}"))
-        self._stale = self._shadow is not None
+        self._stale, self._changed = self._shadow is not None, None
 
     def _stop(self) -> None:
         proc, self._proc = self._proc, None
@@ -237,8 +250,40 @@ class VllmEngine:
             self._shadow = load_causal_lm(self.files).eval()
         return self._shadow
 
-    def weights_changed(self) -> None:
+    def weights_changed(self, names=None) -> None:
+        """Weight sync patched the shadow: `names` of the tensors it wrote (None: any)."""
         self._stale = True
+        if names is None or self._changed is None:
+            self._changed = None
+        else:
+            self._changed |= set(names)
+
+    @property
+    def in_place(self) -> bool:
+        """Whether changed weights are copied into the running engine (CUDA) rather than the
+        whole state reloaded (CPU: oneDNN prepacks weights at load, see the module docstring)."""
+        return self.options.device != "cpu"
+
+    def park(self) -> tuple[float, int]:
+        """Free the engine's device memory (vLLM sleep mode, CUDA only); (seconds, bytes freed)."""
+        if not self.in_place or self.options.sleep_level == 0 or self.asleep:
+            return 0.0, 0
+        started = time.perf_counter()
+        self._call("sleep", level=self.options.sleep_level)
+        self.asleep = True
+        return time.perf_counter() - started, self.weight_bytes
+
+    def restore(self) -> tuple[float, int]:
+        """Wake a parked engine; after level 2 its weights are reloaded (the base from its
+        files, a full run's from the shadow at the next sample)."""
+        if not self.asleep:
+            return 0.0, 0
+        started = time.perf_counter()
+        self._call("wake_up", reload=str(self.files.path) if self.options.sleep_level >= 2 else None)
+        self.asleep = False
+        if self.options.sleep_level >= 2 and self._shadow is not None:
+            self._stale, self._changed = True, None
+        return time.perf_counter() - started, self.weight_bytes
 
     def validate(self, job: SampleJob) -> None:
         validate_job(job, self.files, self.eos_token_ids, self._adapters)
@@ -292,8 +337,13 @@ class VllmEngine:
             self.validate(job)
         if self._proc is None:  # the process died under an earlier batch (which failed): a new one
             self._restart(self.lora_rank)
+        if self.asleep:
+            self.restore()
         if self._stale:
-            self._reload_full_state()
+            if self.in_place and self._changed is not None:
+                self._update_in_place(sorted(self._changed))
+            else:
+                self._reload_full_state()
         rules = [StopRule.from_params(job.params, self.eos_token_ids) for job in jobs]
         requests = [self._request(job, rule, row) for job, rule in zip(jobs, rules) for row in range(job.num_samples)]
         answers = iter(self._call("sample", requests=requests))
@@ -370,7 +420,23 @@ class VllmEngine:
             tensors[name] = tensor.detach().contiguous()
         save_file(tensors, str(directory / "model.safetensors"))
         self._call("reload", path=str(directory))
-        self._stale = False
+        self._stale, self._changed = False, set()
+
+    def _update_in_place(self, names: list[str]) -> None:
+        """Copy the changed tensors of the shadow into the running engine's weights (vLLM's
+        `load_weights`, which maps HF names onto its fused layers and copies in place), through
+        one safetensors file on local disk; no other weight is touched and nothing reloads."""
+        import torch
+        from safetensors.torch import save_file
+
+        dtype = getattr(torch, self.options.dtype)
+        params = dict(self.model.named_parameters())
+        tensors = {name: params[name].detach().to(dtype).contiguous() for name in names if name in params}
+        path = self._dir / "changed.safetensors"
+        save_file(tensors, str(path))
+        self._call("update_weights", path=str(path))
+        path.unlink(missing_ok=True)
+        self._stale, self._changed = False, set()
 
 
 def stability_logprobs_for(params, raw_logprobs: list[float], vocab_size: int) -> list[float]:

@@ -110,6 +110,9 @@ class Server:
         )
         if config.get("gpu_memory_utilization") is not None:
             kwargs["gpu_memory_utilization"] = config["gpu_memory_utilization"]
+        for key in ("tensor_parallel_size", "enable_sleep_mode"):  # CUDA only: the parent sets them there
+            if config.get(key) is not None:
+                kwargs[key] = config[key]
         self.llm = LLM(**kwargs)
         self.loras: dict[int, object] = {}
 
@@ -124,6 +127,19 @@ class Server:
             return bool(self.llm.llm_engine.remove_lora(message["id"]))
         if command == "reload":
             return self.reload(message["path"])
+        if command == "update_weights":
+            return sum(self.llm.collective_rpc(_load_in_place, args=(message["path"],)))
+        if command == "sleep":
+            self.llm.sleep(level=int(message["level"]))
+            return True
+        if command == "wake_up":
+            self.llm.wake_up()
+            if message.get("reload"):
+                self.llm.collective_rpc(
+                    "reload_weights", kwargs={"weights_path": message["reload"], "is_checkpoint_format": True}
+                )
+            self.llm.reset_prefix_cache()  # cached KV blocks were computed with other weights
+            return True
         raise ValueError(f"unknown command {command!r}")
 
     def add_lora(self, lora_id: int, path: str) -> bool:
@@ -195,6 +211,17 @@ class Server:
         # tied), so logits would come from the old embedding: repack every embedding.
         self.llm.collective_rpc(_repack_embeddings)
         return True
+
+
+def _load_in_place(worker, path: str) -> int:
+    """On a worker (each tensor-parallel rank): copy the file's tensors (Hugging Face names)
+    into the running model's weights through vLLM's own loader, which maps them onto fused
+    layers (qkv_proj, gate_up_proj) and this rank's shard. CUDA only (see `reload`)."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(path, device="cpu")
+    worker.model_runner.get_model().load_weights(weights=iter(tensors.items()))
+    return len(tensors)
 
 
 def _repack_embeddings(worker) -> int:

@@ -41,6 +41,7 @@ from functions.deploy.kube import KubeApi
 from functions.deploy.workers import MANAGED_BY, Pin, placement_of, stamp
 from functions.scheduler.inventory import devices_from
 from functions.scheduler.timeslicer_status import NodeStatus, TimeslicerStatusError, fetch_status
+from openrl_core import memory
 from openrl_core.events import new_event
 from openrl_core.events.base import event_type
 from openrl_core.events.lifecycle import RequestFailed
@@ -152,9 +153,21 @@ class Scheduler:
         return report
 
     def _memory(self, spec: WorkerSpec) -> int:
-        configured = self.settings.scheduler_job_memory.get(spec.base_model, self.settings.scheduler_default_job_memory)
+        """A worker's bytes: configured per base model (a full run's trainer that times the
+        full-FT factor); else, for a trainer of a model whose dimensions are known, the memory
+        model's peak (openrl_core/memory.py); else the default."""
+        configured = self.settings.scheduler_job_memory.get(spec.base_model)
+        shape = memory.shape_of(spec.base_model) if configured is None and spec.role == "trainer" else None
+        if shape is not None:
+            precision = memory.resolve_precision(self.settings.trainer_precision, self.settings.device)
+            kind = "full" if spec.model_id else "lora"
+            tokens, checkpointing = (
+                self.settings.trainer_pack_max_tokens,
+                self.settings.trainer_activation_checkpointing,
+            )
+            return memory.trainer_bytes(shape, kind, precision, tokens, checkpointing)
         factor = self.settings.scheduler_full_finetune_factor if spec.model_id else 1.0
-        return int(parse_bytes(configured) * factor)
+        return int(parse_bytes(configured or self.settings.scheduler_default_job_memory) * factor)
 
     def _place(self, wanted: list[WorkerSpec], existing: dict[str, dict], report: Report) -> dict[str, Optional[Pin]]:
         """Worker name -> its pin (None: no accelerator to pin, on a CPU deployment)."""

@@ -165,7 +165,9 @@ def _project(lm_head: torch.nn.Module, hidden_C_H: torch.Tensor) -> torch.Tensor
     logits_C_V = lm_head.base_layer(hidden_C_H)
     for name in lm_head.active_adapters:
         if name in lora_A:
-            down_C_R = torch.nn.functional.linear(hidden_C_H, lora_A[name].weight) * lm_head.scaling[name]
+            A_R_H = lora_A[name].weight
+            logits_C_V = logits_C_V.to(A_R_H.dtype)  # a bf16 base's logits: the adapter adds in float32
+            down_C_R = torch.nn.functional.linear(hidden_C_H.to(A_R_H.dtype), A_R_H) * lm_head.scaling[name]
             logits_C_V = logits_C_V.addmm_(down_C_R, lm_head.lora_B[name].weight.t())
     return logits_C_V
 

@@ -2,7 +2,8 @@
 
 The engine knows nothing about events, queues or storage: it is called with a model id and
 token ids and answers with numbers and files. Invariants:
-- The base model is loaded once, in float32, frozen, in eval mode (no dropout); each adapter
+- The base model is loaded once, in the precision's base dtype (float32; bf16 by default on
+  CUDA, see `precision.py`), frozen, in eval mode (no dropout); each adapter (float32 always)
   (one per model id, each with its own rank and optimizer state) is a PEFT adapter on it.
   Its tensors come from `shared_weights`: a sampler in the same process serves the same
   storage, so the base is never written (parking moves adapters only).
@@ -36,7 +37,8 @@ from functions.compute.models import ModelFiles
 from functions.compute.shared_weights import load_frozen
 from functions.trainer import adapters, optimizer, packed
 from functions.trainer.passes import DEFAULT_MAX_PADDED_TOKENS, ForwardBackwardResult
-from openrl_core import packing
+from functions.trainer.precision import Precision
+from openrl_core import memory, packing
 from openrl_core.datum import Datum, validate_batch
 from openrl_core.errors import Conflict, InvalidRequest, NotFound, OpenRLError, ServerError
 from openrl_core.losses import resolve_config
@@ -86,6 +88,7 @@ class TrainerEngine:
         max_padded_tokens: int = DEFAULT_MAX_PADDED_TOKENS,
         max_rows: int = 256,
         max_shared_pass_bytes: int = DEFAULT_SHARED_PASS_BYTES,
+        precision: Precision = Precision(),
     ):
         """Load the base model once; the limits bound one pass (see openrl_core.packing): a pass
         shared by several models also stays within `max_shared_pass_bytes` of estimated
@@ -94,7 +97,8 @@ class TrainerEngine:
         self._device = torch.device(device)
         self._max_padded_tokens = max_padded_tokens
         self._max_rows = max_rows
-        base = load_frozen(files, dtype=torch.float32, device=device)
+        self.precision = precision
+        base = precision.prepare(load_frozen(files, dtype=precision.base_dtype, device=device))
         config = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
         rescales = getattr(config, "logit_scale", None) not in (None, 1, 1.0)
         if getattr(config, "final_logit_softcapping", None) or rescales:
@@ -165,10 +169,10 @@ class TrainerEngine:
         for name, module in self._base.named_modules():
             if name.rsplit(".", 1)[-1] in wanted and hasattr(module, "in_features"):
                 elements += lora.rank * (module.in_features + module.out_features)
-        return elements * 4 * 4
+        return memory.lora_state_bytes(elements)
 
     def state_bytes(self, model_id: str) -> int:
-        return 16 * self._require(model_id).numel  # weights, gradients, two moments; float32
+        return memory.lora_state_bytes(self._require(model_id).numel)
 
     def park(self, model_id: str) -> tuple[float, int]:
         """Move the adapter, its gradients and its optimizer state to host memory."""

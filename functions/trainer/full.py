@@ -3,7 +3,8 @@
 `FullFinetuneEngine` holds the full runs of one base model and answers the same calls as
 the LoRA engine (forward_backward, optim_step, export/copy/import state, park/restore), so
 the worker drives both alike. Invariants:
-- A run starts as a copy of the base weights in float32 (master weights), every parameter
+- A run starts as a copy of the base weights in float32 (master weights; with a bf16
+  `precision` the forward runs under bf16 autocast, the weights stay float32), every parameter
   trainable (tied embeddings stay tied: one parameter, named once), the model in eval mode
   (no dropout), so a run is deterministic on CPU and bitwise the same steps done with plain
   torch (`transformers` forward, `torch.optim.AdamW`).
@@ -31,6 +32,8 @@ from functions.compute.models import ModelFiles, load_causal_lm, parameter_count
 from functions.compute.weight_sync import Publication, Publisher, Put
 from functions.trainer import batching, optimizer, passes, tensor_files
 from functions.trainer.passes import DEFAULT_MAX_PADDED_TOKENS, ForwardBackwardResult
+from functions.trainer.precision import Precision
+from openrl_core import memory
 from openrl_core.datum import Datum, validate_batch
 from openrl_core.errors import Conflict, InvalidRequest, NotFound
 from openrl_core.losses import resolve_config
@@ -41,8 +44,6 @@ MARKER_FILE = "openrl_full.json"
 MARKER_FORMAT = "openrl.full.v1"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "vocab.json", "merges.txt", "generation_config.json")  # fmt: skip
-# float32 weights, gradients and Adam's two moments
-BYTES_PER_PARAMETER = 4 * 4
 
 
 def is_full_state(files: Mapping[str, bytes]) -> bool:
@@ -69,8 +70,10 @@ class FullFinetuneEngine:
         serving_dtype: str = "bfloat16",
         full_every: int = 20,
         max_share: float = 0.5,
+        precision: Precision = Precision(),
     ) -> None:
         self._files = files
+        self.precision = precision
         self._device = torch.device(device)
         self._max_padded_tokens = max_padded_tokens
         self._max_padding = max_padding
@@ -80,12 +83,13 @@ class FullFinetuneEngine:
     # -- runs ------------------------------------------------------------------------------
 
     def state_bytes_estimate(self) -> int:
-        return parameter_count(self._files) * BYTES_PER_PARAMETER
+        return memory.full_state_bytes(parameter_count(self._files))
 
     def create(self, model_id: str) -> None:
         if model_id in self._runs:
             raise Conflict(f"model {model_id!r} already exists")
-        model = load_causal_lm(self._files, dtype=torch.float32, device=str(self._device))
+        model = load_causal_lm(self._files, dtype=self.precision.master_dtype, device=str(self._device))
+        self.precision.prepare(model)
         model.eval()  # no dropout: a step is a deterministic function of weights and data
         model.requires_grad_(True)
         params = dict(model.named_parameters())  # tied weights appear once
@@ -128,6 +132,7 @@ class FullFinetuneEngine:
             self._device,
             self._max_padded_tokens,
             self._max_padding,
+            autocast=lambda: self.precision.autocast(self._device),
         )
 
     def optim_step(self, model_id: str, params: AdamParams) -> dict[str, float]:
@@ -197,7 +202,7 @@ class FullFinetuneEngine:
     # -- parking ---------------------------------------------------------------------------
 
     def state_bytes(self, model_id: str) -> int:
-        return BYTES_PER_PARAMETER * self._require(model_id).numel
+        return memory.full_state_bytes(self._require(model_id).numel)
 
     def park(self, model_id: str) -> tuple[float, int]:
         run = self._require(model_id)

@@ -79,18 +79,21 @@ def global_grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def adamw_step(params: Mapping[str, torch.nn.Parameter], state: AdamState, hp: AdamParams) -> float:
+def adamw_step(
+    params: Mapping[str, torch.nn.Parameter], state: AdamState, hp: AdamParams, grad_norm_of=global_grad_norm
+) -> float:
     """Apply one AdamW update in place from the parameters' `.grad`; return the pre-clip grad norm.
 
     Each line of the update runs over all of the parameters at once (`torch._foreach_*`): a
     LoRA adapter is hundreds of small tensors, and one Python call per tensor and operation
     cost more than the arithmetic (SmolLM2, r8: 422 tensors). On CPU those ops apply the same
     per-tensor kernel to each tensor in turn, so the result is bitwise the single-tensor path's
-    (tested against `torch.optim.AdamW(foreach=False)`)."""
+    (tested against `torch.optim.AdamW(foreach=False)`). `grad_norm_of(grads)`: the global
+    norm, for callers whose tensors are shards of a larger model (fsdp.py all-reduces it)."""
     names = list(params)  # the caller's order: the norm's sum runs in it, as clip_grad_norm_'s does
     weights = [params[name] for name in names]
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in weights]
-    grad_norm = global_grad_norm(grads)
+    grad_norm = grad_norm_of(grads)
     if hp.grad_clip_norm > 0:
         coefficient = torch.clamp(hp.grad_clip_norm / (grad_norm + CLIP_EPSILON), max=1.0)
         grads = torch._foreach_mul(grads, coefficient)

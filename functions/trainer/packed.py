@@ -104,15 +104,15 @@ def _run_pass(peft, units: list[packing.Unit], requests: list[Request], logprobs
         mask_B_T[row, :n] = 1
     train = any(not requests[u.request].forward_only for u in units)
     decoder, lm_head = peft.get_decoder(), peft.get_output_embeddings()
-    with torch.set_grad_enabled(train):
-        with _unit_adapters(
-            decoder, [len(unit.datums) for unit in units], [requests[u.request].adapter for u in units]
-        ):
-            hidden_B_T_H = decoder(
-                input_ids=tokens_B_T.to(device), attention_mask=mask_B_T.to(device), use_cache=False
-            ).last_hidden_state
+    adapters = [requests[u.request].adapter for u in units]
+    # The units' adapters stay applied through the backward: with activation checkpointing
+    # (precision.py) the decoder layers recompute there and must see the same adapters.
+    with torch.set_grad_enabled(train), _unit_adapters(decoder, [len(unit.datums) for unit in units], adapters):
+        hidden_B_T_H = decoder(
+            input_ids=tokens_B_T.to(device), attention_mask=mask_B_T.to(device), use_cache=False
+        ).last_hidden_state
         micros = [[requests[unit.request].batch[i] for i in unit.datums] for unit in units]
-        per_unit = _unit_logprobs(lm_head, hidden_B_T_H, units, micros, [requests[u.request].adapter for u in units])
+        per_unit = _unit_logprobs(lm_head, hidden_B_T_H, units, micros, adapters)
         total = None
         for unit, micro, logprobs_D in zip(units, micros, per_unit):
             request = requests[unit.request]
@@ -149,7 +149,8 @@ def _unit_adapters(decoder, sizes: list[int], names: list[str]):
                  for first, last, name in spans if name in layer.lora_A]  # fmt: skip
         if not units:
             return result
-        x = x.to(units[0][3].dtype)
+        # The adapter computes in its own dtype (float32); with a bf16 base the layer's input is
+        # cast per use, not kept as a float32 copy (openrl_core/memory.py counts what is kept).
         weights = [w for *_rows, A_R_I, B_O_R in units for w in (A_R_I, B_O_R)]
         return _LayerLora.apply(x, result.to(units[0][3].dtype), tuple(u[:3] for u in units), *weights).to(result.dtype)
 
@@ -183,7 +184,7 @@ class _LayerLora(torch.autograd.Function):
         scaled = []
         for (first, last, scaling), A_R_I, B_O_R in zip(units, weights[0::2], weights[1::2]):
             rows = slice(first * per_row, last * per_row)
-            scaled_S_R = (x_N_I[rows] @ A_R_I.t()) * scaling  # scaled at rank width, not output width
+            scaled_S_R = (x_N_I[rows].to(A_R_I.dtype) @ A_R_I.t()) * scaling  # scaled at rank width, not output width
             out_N_O[rows].addmm_(scaled_S_R, B_O_R.t())
             scaled.append(scaled_S_R)
         ctx.mark_dirty(base)
@@ -197,7 +198,8 @@ class _LayerLora(torch.autograd.Function):
         weights, scaled = saved[: 2 * len(ctx.units)], saved[2 * len(ctx.units) :]
         need_x = ctx.needs_input_grad[0]
         g_N_O = g_base.reshape(-1, g_base.shape[-1])
-        g_x_N_I = x_N_I.new_zeros(x_N_I.shape) if need_x else None
+        dtype = weights[0].dtype
+        g_x_N_I = x_N_I.new_zeros(x_N_I.shape, dtype=dtype) if need_x else None
         grads = []
         for index, (first, last, scaling) in enumerate(ctx.units):
             A_R_I, B_O_R, scaled_S_R = weights[2 * index], weights[2 * index + 1], scaled[index]
@@ -210,11 +212,11 @@ class _LayerLora(torch.autograd.Function):
             if need_x or need_A:
                 g_down_S_R = (g_S_O @ B_O_R) * scaling
                 if need_A:
-                    g_A = g_down_S_R.t() @ x_N_I[rows]
+                    g_A = g_down_S_R.t() @ x_N_I[rows].to(dtype)
                 if need_x:
                     torch.mm(g_down_S_R, A_R_I, out=g_x_N_I[rows])
             grads += [g_A, g_B]
-        g_x = g_x_N_I.view(ctx.shape) if need_x else None
+        g_x = g_x_N_I.view(ctx.shape).to(x_N_I.dtype) if need_x else None
         return g_x, g_base, None, *grads
 
 
@@ -324,8 +326,10 @@ def _shared_chunk(lm_head, hidden_C_H: torch.Tensor, targets_C_K: torch.Tensor, 
         logits_C_V = lm_head.base_layer(hidden_C_H)
         for first, last, name in spans:
             if name in lora_A and last > first:
+                A_R_H = lora_A[name].weight
+                logits_C_V = logits_C_V.to(A_R_H.dtype)  # a bf16 base's logits: the adapter adds in float32
                 down_S_R = (
-                    torch.nn.functional.linear(hidden_C_H[first:last], lora_A[name].weight) * lm_head.scaling[name]
+                    torch.nn.functional.linear(hidden_C_H[first:last].to(A_R_H.dtype), A_R_H) * lm_head.scaling[name]
                 )
                 # Into a row slice only when the span is not the whole chunk: autograd's
                 # backward of an in-place op on a view copies the whole [C, V] gradient.

@@ -10,7 +10,9 @@ until the optimizer step. The batch loss is a plain sum, so microbatching is exa
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
+from typing import Callable, ContextManager
 
 import numpy as np
 import torch
@@ -39,13 +41,17 @@ def run(
     device: torch.device,
     max_padded_tokens: int = DEFAULT_MAX_PADDED_TOKENS,
     max_padding: float = batching.MAX_PADDING,
+    autocast: Callable[[], ContextManager] = contextlib.nullcontext,
 ) -> ForwardBackwardResult:
+    """`autocast()` is the context the model's forward runs in (precision.Precision.autocast);
+    the losses and the backward run outside it, in float32."""
     logprobs: list[np.ndarray | None] = [None] * len(batch)
     loss_sum = 0.0
     for group in batching.microbatches(batch, max_padded_tokens, max_padding):
         micro = [batch[i] for i in group]
         with torch.set_grad_enabled(not forward_only):
-            logprobs_D = batching.target_logprobs(decoder, lm_head, micro)
+            with autocast():
+                logprobs_D = batching.target_logprobs(decoder, lm_head, micro)
             loss = batch_loss(loss_fn, config, micro, logprobs_D, device)
             if loss.requires_grad:
                 loss.backward()

@@ -34,7 +34,7 @@ class Residency:
             engine = TrainerEngine(
                 self.models.files(base_model), device=self.device,
                 max_padded_tokens=self.options.pack_max_tokens, max_rows=self.options.pack_max_rows,
-                max_shared_pass_bytes=self.options.pack_max_shared_bytes,
+                max_shared_pass_bytes=self.options.pack_max_shared_bytes, precision=self._precision(),
             )  # fmt: skip
             # The frozen base is resident for as long as this worker lives: it never parks.
             self.slicer.register(
@@ -51,8 +51,14 @@ class Residency:
             self._full[key] = FullFinetuneEngine(
                 self.models.files(base_model), device=self.device, serving_dtype=self.options.serving_dtype,
                 full_every=self.options.delta_full_every, max_share=self.options.delta_max_share,
+                precision=self._precision(),
             )  # fmt: skip
         return self._full[key]
+
+    def _precision(self):
+        from functions.trainer.precision import Precision
+
+        return Precision.resolve(self.options.precision, self.device, self.options.activation_checkpointing)
 
     def _engine(self, slot: ModelSlot):
         return self.full_engine(slot.base_model) if slot.full else self.engine(slot.base_model)

@@ -89,6 +89,8 @@ class TrainerOptions:
     release_memory: bool = True  # give the pass's freed activations back to the system (`host_memory`)
     release_idle_seconds: float = 1.0  # once the process has been idle this long
     release_runs_after: float = 0.0  # seconds without a request before a run's state is released (0: never)
+    precision: str = "auto"  # trainer dtypes (precision.py): auto, float32 or bfloat16
+    activation_checkpointing: bool = False
 
 
 class TrainerWorker(Turns, Residency, Handlers):

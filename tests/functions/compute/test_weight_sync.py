@@ -198,3 +198,18 @@ def test_loaded_weights_are_aligned_so_parking_does_not_change_the_samplers_bits
     assert all(p.numel() == 0 for p in copy.receiver.params.values())
     copies.restore("alice:run")
     assert [s.logprobs for s in copy.engine.sample([job])[0].sequences] == before
+
+
+def test_an_update_names_the_tensors_it_wrote():
+    """`touched` lists the tensors a delta changed (an engine copies only those in place) and
+    every tensor after a full checkpoint."""
+    blobs, params = Blobs(), master()
+    publisher = Publisher("run", "base", full_every=0)
+    receiver = fresh_receiver(params)
+    first = receiver.update(read_manifest(blobs.get(publisher.publish(params, 1, blobs.put).manifest)), blobs.get)
+    assert first["touched"] == sorted(params)
+    with torch.no_grad():
+        params["b.bias"][:5] += 1.0  # far above bf16's rounding: these five change bits
+    second = receiver.update(read_manifest(blobs.get(publisher.publish(params, 2, blobs.put).manifest)), blobs.get)
+    assert second["kind"] == "delta" and second["touched"] == ["b.bias"]
+    assert_bitwise(served(receiver), published(params))

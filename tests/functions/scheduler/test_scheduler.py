@@ -283,3 +283,24 @@ def test_openrl_scheduler_once_through_the_cli(rig, tmp_path, monkeypatch, capsy
     assert capsys.readouterr().out.splitlines() == ["nothing to change"]
     assert main([*argv[:3], str(tmp_path / "nowhere"), *argv[4:]]) == 2
     assert "no trainer template at" in capsys.readouterr().err
+
+
+def test_a_trainer_of_a_model_of_known_shape_is_placed_by_the_memory_model(rig):
+    """No scheduler_job_memory entry: a trainer of a model whose dimensions the catalogue knows
+    needs the memory model's peak (bf16 on CUDA, one pass of trainer_pack_max_tokens); a
+    sampler, which the model does not cover, the default."""
+    from openrl_core import memory
+
+    rig.append(session_with_run_and_sampler(Stream("alice", session="s1"), t=0))
+    scheduler = rig.scheduler(scheduler_job_memory={}, scheduler_default_job_memory="3GiB")
+    rig.clock.at(minutes=1)
+    report = scheduler.reconcile()
+    assert TRAINER.name in report.created and SAMPLER.name in report.created
+    want = memory.trainer_bytes(memory.shape_of(TINY_QWEN3), "lora", "bfloat16", 8192)
+    shape = memory.shape_of(TINY_QWEN3)
+    # by hand: bf16 base, rank-32 adapter in float32 x 4, and one 8192-token pass
+    assert want == 2 * shape.parameters() + 16 * shape.lora_parameters(32) + memory.activation_bytes(
+        shape, memory.Batch(1, 8192), "bfloat16", "lora", lora_rank=32
+    )
+    assert rig.worker(TRAINER)["metadata"]["annotations"]["openrl.ai/memory-bytes"] == str(want)
+    assert rig.worker(SAMPLER)["metadata"]["annotations"]["openrl.ai/memory-bytes"] == str(3 * GiB)
