@@ -49,6 +49,7 @@ from eventing.bus import EventBus, EventPublisher, Record
 from eventing.offsets import OffsetTracker
 from eventing.store.projections import expiry
 from functions.compute import host_memory
+from functions.compute.age_export import encrypt_files
 from functions.compute.models import ModelDirectory
 from functions.compute.weight_sync import MANIFEST
 from functions.timeslicer.client import Fenced, TimeslicerClient
@@ -740,7 +741,7 @@ class TrainerWorker:
         slot = self._slot(event)
         engine = self._engine(slot)
         exported = engine.export_external(data.model_id) if slot.full else engine.export_adapter(data.model_id)
-        files = self._write(event.tenant, exported)
+        files = self._write(event.tenant, encrypt_files(exported, data.age_encryption_recipients))
         checkpoint = _checkpoint(data, "external_weights", files)
         result = {"path": checkpoint.tinker_path, "size_bytes": checkpoint.size_bytes, "type": "save_weights_external"}
         return {"result": result, "checkpoint": checkpoint}
