@@ -16,6 +16,7 @@ from functions.gateway import openai_wire as oai
 from functions.gateway.routes import rest_wire
 from functions.gateway.routes.openrl_forks import MAX_WAIT as FORK_MAX_WAIT
 from functions.gateway.routes.sampling import MAX_NUM_SAMPLES, MAX_TOPK
+from functions.gateway.sampling_fields import MAX_TOPK_SAMPLE
 from openrl_core.finetune import FULL_FINETUNE_KEY
 from openrl_core.ids import CHECKPOINT_KINDS
 from openrl_core.losses import LOSSES
@@ -123,9 +124,20 @@ def asample_rules(schema: dict, served: Served) -> None:
     props["num_samples"] = {"type": "integer", "minimum": 1, "maximum": MAX_NUM_SAMPLES, "default": 1}
     props["topk_prompt_logprobs"] = {"type": "integer", "minimum": 0, "maximum": MAX_TOPK, "default": 0}
     props["record_stability_info"] = {"const": False, "default": False}  # not offered (a 400 that says why)
-    for name in ("topk_sample_logprobs", "prompt_alt_tokens_k"):
-        props[name] = {"const": 0, "default": 0}  # not offered yet
-    props["target_prompt_logprobs"] = {"anyOf": [{"type": "object", "maxProperties": 0}, {"type": "null"}]}
+    props["topk_sample_logprobs"] = {"type": "integer", "minimum": 0, "maximum": MAX_TOPK_SAMPLE, "default": 0}
+    # len(prompt) x k is bounded too (by the widest top-k's cost), which the route checks
+    props["prompt_alt_tokens_k"] = {"type": "integer", "minimum": 0, "default": 0}
+    # int64 ids, [len(prompt) - 1, K] (the route checks the rows against the prompt), dense or CSR
+    ids = {"type": "array", "items": {"type": "integer", "minimum": -1}}
+    indices = {"anyOf": [{"type": "array", "items": {"type": "integer", "minimum": 0}}, {"type": "null"}]}
+    target = {
+        "type": "object",
+        "required": ["data", "dtype", "shape"],
+        "properties": {"data": ids, "dtype": {"const": "int64"},
+                       "shape": {"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": 2, "maxItems": 2},
+                       "sparse_crow_indices": indices, "sparse_col_indices": indices},
+    }  # fmt: skip
+    props["target_prompt_logprobs"] = {"anyOf": [target, {"type": "null"}]}
     # prompt_logprobs_last_n needs prompt_logprobs (and at most the prompt's length - 1)
     schema["if"] = {
         "required": ["prompt_logprobs_last_n"],

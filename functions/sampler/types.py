@@ -9,7 +9,7 @@ compare them with the trainer's logprobs of the same tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional, Protocol
+from typing import Any, Literal, Optional, Protocol
 
 from openrl_core.params import SamplingParams
 
@@ -29,6 +29,12 @@ class SampleJob:
     prompt_logprobs_last_n: Optional[int] = None
     # Key given to `SamplerEngine.load_adapter`; None samples the base model.
     adapter: Optional[str] = None
+    # SDK 0.38's scoring fields (`prompt_scoring` computes them): k best at each sampled
+    # position; ids to score, [len(prompt) - 1, K] int64 with -1 for none; k draws per
+    # prompt position after the first.
+    topk_sample_logprobs: int = 0
+    target_prompt_ids: Optional[Any] = None  # numpy int64 [len(prompt) - 1, K]
+    prompt_alt_tokens_k: int = 0
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,8 @@ class SampledSequence:
     # One per token: log p(token | prompt + earlier tokens) under the raw distribution.
     logprobs: list[float]
     stop_reason: StopReason
+    # Per generated token, k (token, logprob) pairs best first; None when not asked.
+    topk_logprobs: Optional[list[list[tuple[int, float]]]] = None
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,10 @@ class SampleResult:
     prompt_logprobs: Optional[list[Optional[float]]]
     # Per prompt position, k (token, logprob) pairs best first; None where not computed.
     topk_prompt_logprobs: Optional[list[Optional[list[tuple[int, float]]]]]
+    # Logprobs of the job's target ids, [len(prompt) - 1, K] float32 (any value where -1).
+    target_prompt_logprobs: Optional[Any] = None
+    # (tokens, logprobs), each [len(prompt) - 1, k]: draws at each prompt position after the first.
+    prompt_alt_tokens: Optional[tuple[Any, Any]] = None
 
 
 class Engine(Protocol):

@@ -26,6 +26,7 @@ from functions.compute import host_memory
 from functions.compute.models import ModelDirectory, parameter_count
 from functions.compute.weight_sync import read_manifest
 from functions.sampler.full_runs import FullRunCopies
+from functions.sampler.scoring_payload import add_scoring_results, scoring_fields
 from functions.sampler.types import SampleJob, SampleResult
 from functions.timeslicer.client import TimeslicerClient
 from functions.timeslicer.setup import device_name, private
@@ -366,6 +367,7 @@ class SamplerWorker:
             topk_prompt_logprobs=data.topk_prompt_logprobs,
             prompt_logprobs_last_n=data.prompt_logprobs_last_n,
             adapter=adapter_key,
+            **scoring_fields(data, self.models.files(base_model).vocab_size),
         )
 
     def _evict(self, engine, loaded: OrderedDict, in_use: set[str], run: Optional[str]) -> None:
@@ -398,6 +400,7 @@ class SamplerWorker:
             if result.topk_prompt_logprobs is not None
             else None,
         }
+        add_scoring_results(payload, event.data, result)
         return self._reply(
             event, SAMPLE["completed"], RequestCompleted(request_id=event.data.request_id, result=payload), lease
         )
