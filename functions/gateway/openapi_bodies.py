@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from functions.compute.age_export import MAX_RECIPIENTS
 from functions.gateway import openai_wire as oai
 from functions.gateway.routes import rest_wire
 from functions.gateway.routes.openrl_forks import MAX_WAIT as FORK_MAX_WAIT
@@ -128,7 +129,8 @@ def asample_rules(schema: dict, served: Served) -> None:
     # len(prompt) x k is bounded too (by the widest top-k's cost), which the route checks
     props["prompt_alt_tokens_k"] = {"type": "integer", "minimum": 0, "default": 0}
     # int64 ids, [len(prompt) - 1, K] (the route checks the rows against the prompt), dense or CSR
-    ids = {"type": "array", "items": {"type": "integer", "minimum": -1}}
+    # ids in the vocabulary or -1 (asks for nothing), at least one of them an id
+    ids = {"type": "array", "items": {"anyOf": [{"const": -1}, served.token]}, "contains": served.token}
     indices = {"anyOf": [{"type": "array", "items": {"type": "integer", "minimum": 0}}, {"type": "null"}]}
     target = {
         "type": "object",
@@ -214,7 +216,10 @@ def save_external_rules(schema: dict, served: Served) -> None:
     props = schema["properties"]
     props["path"] = NAME_STR
     props["seq_id"] = {"type": "integer", "minimum": 1}
-    props["age_encryption_recipients"] = {"anyOf": [{"type": "array", "maxItems": 0}, {"type": "null"}]}  # not offered
+    # age keys: a native X25519 key (bech32, whose checksum no pattern states) or an SSH public key
+    key = {"type": "string", "pattern": r"^(age1[02-9ac-hj-np-z]{58}|ssh-(ed25519|rsa) [A-Za-z0-9+/=]+( .*)?)$"}
+    recipients = {"type": "array", "items": key, "minItems": 1, "maxItems": MAX_RECIPIENTS}
+    props["age_encryption_recipients"] = {"anyOf": [recipients, {"type": "null"}]}
 
 
 def copy_weights_rules(schema: dict, served: Served) -> None:
