@@ -9,7 +9,7 @@ Every number is `openrl_core.memory.estimate` over the published config dimensio
 from __future__ import annotations
 
 from openrl_core.catalog import PUBLISHED_CONFIGS
-from openrl_core.memory import Batch, ModelShape, estimate, fits
+from openrl_core.memory import Batch, ModelShape, Precision, RunKind, estimate, fits
 
 MODELS = ("Qwen/Qwen3-1.7B", "Qwen/Qwen3-4B", "Qwen/Qwen3-8B")
 GPUS = (("L4", 24 * 10**9), ("H100", 80 * 10**9))  # as sold: decimal gigabytes
@@ -17,7 +17,7 @@ HEADROOM = 0.9
 BATCH = Batch(rows=8, tokens=1024)
 LORA_RANK = 32
 # (label, kind, precision, shards, activation checkpointing)
-SETUPS = (
+SETUPS: tuple[tuple[str, RunKind, Precision, int, bool], ...] = (
     ("LoRA r32, float32", "lora", "float32", 1, False),
     ("LoRA r32, bf16 base", "lora", "bfloat16", 1, False),
     ("LoRA r32, bf16 base, checkpointing", "lora", "bfloat16", 1, True),

@@ -4,9 +4,10 @@
 applies it at its seq_id and stores the adapter as plain PEFT files,
 `adapter_model.safetensors` (keys `base_model.model.<module path>.lora_{A,B}.weight`) and
 `adapter_config.json`, in an `external_weights/<name>` checkpoint. A same-named export is
-replaced, as sampler checkpoints are. age encryption (`age_encryption_recipients`) is
-refused with a 400: files are stored in the clear, behind signed links, and the server
-says so rather than ignoring the request.
+replaced, as sampler checkpoints are. With `age_encryption_recipients` every file is stored
+age-encrypted to those keys as `<name>.age` (`functions.compute.age_export`, pyrage), and
+the links below serve that ciphertext; a key age does not accept is a 400 before anything
+is stored.
 
 `external_weights_urls` answers one link per file, valid for `download_link_seconds` or
 until the checkpoint expires, whichever is first. A link names a tenant, a blob hash and an
@@ -42,6 +43,7 @@ from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 
 from eventing.store.projections import utc
+from functions.compute.age_export import parse_recipients
 from functions.gateway.context import GatewayContext
 from functions.gateway.deps import get_ctx, get_tenant, read_body, require_run
 from functions.gateway.routes.checkpoints import require_live_checkpoint, split_action, utcnow
@@ -122,14 +124,13 @@ async def save_weights_external(
         if not body.path:
             raise InvalidRequest("save_weights_external needs a name for the export in `path`")
         name = check_checkpoint_name(body.path)
-        if body.age_encryption_recipients:
-            raise InvalidRequest(
-                "age_encryption_recipients is not supported by this server: exports are stored unencrypted and "
-                "served over signed links; export without recipients and encrypt the downloaded files yourself"
-            )
+        recipients = body.age_encryption_recipients
+        if recipients is not None:
+            parse_recipients(recipients)  # a bad key is a 400 here, before anything is stored
         return SaveWeightsExternalRequested(
-            request_id=request_id, model_id=run.model_id, seq_id=body.seq_id, name=name, ttl_seconds=body.ttl_seconds
-        )
+            request_id=request_id, model_id=run.model_id, seq_id=body.seq_id, name=name, ttl_seconds=body.ttl_seconds,
+            age_encryption_recipients=recipients,
+        )  # fmt: skip
 
     return submit_sequenced(
         ctx, tenant, run=run, seq_id=body.seq_id, body=raw, event_type=SAVE_WEIGHTS_EXTERNAL["requested"], build=build

@@ -12,10 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from functions.compute.age_export import MAX_RECIPIENTS
 from functions.gateway import openai_wire as oai
 from functions.gateway.routes import rest_wire
 from functions.gateway.routes.openrl_forks import MAX_WAIT as FORK_MAX_WAIT
 from functions.gateway.routes.sampling import MAX_NUM_SAMPLES, MAX_TOPK
+from functions.gateway.sampling_fields import MAX_TOPK_SAMPLE
 from openrl_core.finetune import FULL_FINETUNE_KEY
 from openrl_core.ids import CHECKPOINT_KINDS
 from openrl_core.losses import LOSSES
@@ -122,9 +124,21 @@ def asample_rules(schema: dict, served: Served) -> None:
     props["prompt"] = NONEMPTY_INPUT
     props["num_samples"] = {"type": "integer", "minimum": 1, "maximum": MAX_NUM_SAMPLES, "default": 1}
     props["topk_prompt_logprobs"] = {"type": "integer", "minimum": 0, "maximum": MAX_TOPK, "default": 0}
-    for name in ("topk_sample_logprobs", "prompt_alt_tokens_k"):
-        props[name] = {"const": 0, "default": 0}  # not offered yet
-    props["target_prompt_logprobs"] = {"anyOf": [{"type": "object", "maxProperties": 0}, {"type": "null"}]}
+    props["topk_sample_logprobs"] = {"type": "integer", "minimum": 0, "maximum": MAX_TOPK_SAMPLE, "default": 0}
+    # len(prompt) x k is bounded too (by the widest top-k's cost), which the route checks
+    props["prompt_alt_tokens_k"] = {"type": "integer", "minimum": 0, "default": 0}
+    # int64 ids, [len(prompt) - 1, K] (the route checks the rows against the prompt), dense or CSR
+    # ids in the vocabulary or -1 (asks for nothing), at least one of them an id
+    ids = {"type": "array", "items": {"anyOf": [{"const": -1}, served.token]}, "contains": served.token}
+    indices = {"anyOf": [{"type": "array", "items": {"type": "integer", "minimum": 0}}, {"type": "null"}]}
+    target = {
+        "type": "object",
+        "required": ["data", "dtype", "shape"],
+        "properties": {"data": ids, "dtype": {"const": "int64"},
+                       "shape": {"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": 2, "maxItems": 2},
+                       "sparse_crow_indices": indices, "sparse_col_indices": indices},
+    }  # fmt: skip
+    props["target_prompt_logprobs"] = {"anyOf": [target, {"type": "null"}]}
     # prompt_logprobs_last_n needs prompt_logprobs (and at most the prompt's length - 1)
     schema["if"] = {
         "required": ["prompt_logprobs_last_n"],
@@ -201,7 +215,10 @@ def save_external_rules(schema: dict, served: Served) -> None:
     props = schema["properties"]
     props["path"] = NAME_STR
     props["seq_id"] = {"type": "integer", "minimum": 1}
-    props["age_encryption_recipients"] = {"anyOf": [{"type": "array", "maxItems": 0}, {"type": "null"}]}  # not offered
+    # age keys: a native X25519 key (bech32, whose checksum no pattern states) or an SSH public key
+    key = {"type": "string", "pattern": r"^(age1[02-9ac-hj-np-z]{58}|ssh-(ed25519|rsa) [A-Za-z0-9+/=]+( .*)?)$"}
+    recipients = {"type": "array", "items": key, "minItems": 1, "maxItems": MAX_RECIPIENTS}
+    props["age_encryption_recipients"] = {"anyOf": [recipients, {"type": "null"}]}
 
 
 def copy_weights_rules(schema: dict, served: Served) -> None:

@@ -168,25 +168,51 @@ def encode_sample_response(result: dict[str, Any]) -> bytes:
         out = response.sequences.add(stop_reason=pb.STOP_REASON[sequence["stop_reason"]])
         out.tokens = np.asarray(sequence["tokens"], dtype="<i4").tobytes()
         out.logprobs = np.asarray(sequence["logprobs"], dtype="<f4").tobytes()
+        if sequence.get("topk_logprobs") is not None:
+            _topk(out.topk_sampled_logprobs, sequence["topk_logprobs"])
     prompt_logprobs: Optional[list] = result.get("prompt_logprobs")
     if prompt_logprobs is not None:
         response.prompt_logprobs = np.asarray(
             [np.nan if value is None else value for value in prompt_logprobs], dtype="<f4"
         ).tobytes()
     topk = result.get("topk_prompt_logprobs")
-    if topk:
-        k = max((len(row) for row in topk if row), default=0)
-        if k:
-            ids = np.zeros((len(topk), k), dtype="<i4")
-            lps = np.full((len(topk), k), TOPK_PAD_LOGPROB, dtype="<f4")
-            for i, row in enumerate(topk):
-                for j, (token, logprob) in enumerate(row or []):
-                    ids[i, j], lps[i, j] = token, logprob
-            response.topk_prompt_logprobs.token_ids = ids.tobytes()
-            response.topk_prompt_logprobs.logprobs = lps.tobytes()
-            response.topk_prompt_logprobs.k = k
-            response.topk_prompt_logprobs.length = len(topk)
+    if topk and max((len(row) for row in topk if row), default=0):
+        _topk(response.topk_prompt_logprobs, topk)
+    if result.get("target_prompt_logprobs") is not None:
+        _tensor(response.target_prompt_logprobs, result["target_prompt_logprobs"])
+    if result.get("prompt_alt_tokens") is not None:
+        _tensor(response.prompt_alt_tokens.tokens, result["prompt_alt_tokens"]["tokens"])
+        _tensor(response.prompt_alt_tokens.logprobs, result["prompt_alt_tokens"]["logprobs"])
     return response.SerializeToString()
+
+
+def _topk(message, rows: list) -> None:
+    """A `TopkLogprobs`: dense [length, k] matrices, padded past a short row (id 0, -99999)."""
+    k = max((len(row) for row in rows if row), default=0)
+    ids = np.zeros((len(rows), k), dtype="<i4")
+    lps = np.full((len(rows), k), TOPK_PAD_LOGPROB, dtype="<f4")
+    for i, row in enumerate(rows):
+        for j, (token, logprob) in enumerate(row or []):
+            ids[i, j], lps[i, j] = token, logprob
+    message.token_ids = ids.tobytes()
+    message.logprobs = lps.tobytes()
+    message.k = k
+    message.length = len(rows)
+
+
+def _tensor(message, tensor: dict[str, Any]) -> None:
+    """A wire TensorData (dense or CSR) as a proto `Tensor`, the inverse of the SDK's
+    `_tensor_data_from_proto`."""
+    integer = tensor["dtype"] == "int64"
+    message.dtype = pb.DTYPE["DTYPE_INT64"] if integer else pb.DTYPE["DTYPE_FLOAT32"]
+    message.shape.extend(tensor["shape"])
+    values = np.asarray(tensor["data"], dtype="<i8" if integer else "<f4").tobytes()
+    if tensor.get("sparse_crow_indices") is None:
+        message.dense = values
+        return
+    message.sparse_csr.values = values
+    message.sparse_csr.crow_indices = np.asarray(tensor["sparse_crow_indices"], dtype="<i8").tobytes()
+    message.sparse_csr.col_indices = np.asarray(tensor["sparse_col_indices"], dtype="<i8").tobytes()
 
 
 def forward_backward_output_json(result: dict[str, Any]) -> dict[str, Any]:
@@ -214,4 +240,7 @@ def sample_response_json(result: dict[str, Any]) -> dict[str, Any]:
         "sequences": result["sequences"],
         "prompt_logprobs": result.get("prompt_logprobs"),
         "topk_prompt_logprobs": result.get("topk_prompt_logprobs"),
+        # SDK 0.38's scoring fields (only present when asked; an SDK that reads JSON results
+        # predates them and never asks)
+        **{key: result[key] for key in ("target_prompt_logprobs", "prompt_alt_tokens") if key in result},
     }

@@ -28,7 +28,7 @@ import torch
 
 from functions.compute.models import ModelFiles, load_causal_lm, load_tokenizer
 from functions.compute.shared_weights import load_frozen
-from functions.sampler import processing
+from functions.sampler import processing, prompt_scoring
 from functions.sampler.lora import LoraAdapters
 from functions.sampler.stability import sampling_logprobs_of
 from functions.sampler.stops import StopRule, make_decoder
@@ -102,6 +102,7 @@ class _Row:
     logprobs: list[float] = field(default_factory=list)
     stop_reason: StopReason = "length"
     sampling_logprobs: Optional[list[float]] = None  # kept when the job records stability info
+    topk: Optional[list] = None  # per token, its top-k pairs (topk_sample_logprobs)
 
 
 class SamplerEngine:
@@ -176,14 +177,22 @@ class SamplerEngine:
         sequences: list[list[Optional[SampledSequence]]] = [[None] * job.num_samples for job in jobs]
         prompt_lps: list[Optional[list]] = [None] * len(jobs)
         topk_lps: list[Optional[list]] = [None] * len(jobs)
+        scores: list[tuple] = [(None, None)] * len(jobs)  # prompt_scoring.score_prompt per job
         with torch.inference_mode():
             columns = [_logit_columns(job) for job in jobs]
             max_logit_rows = max(1, PREFILL_LOGITS_BUDGET // self.files.vocab_size)
             for wave in plan_waves([job.num_samples for job in jobs], self.max_batch_rows, columns, max_logit_rows):
-                self._run_wave(by_adapter(wave, jobs), jobs, generators, rules, sequences, prompt_lps, topk_lps)
+                pieces = by_adapter(wave, jobs)
+                self._run_wave(pieces, jobs, generators, rules, sequences, prompt_lps, topk_lps, scores)
         return [
-            SampleResult(sequences=list(seqs), prompt_logprobs=plp, topk_prompt_logprobs=tlp)  # type: ignore[arg-type]
-            for seqs, plp, tlp in zip(sequences, prompt_lps, topk_lps)
+            SampleResult(
+                sequences=list(seqs),  # type: ignore[arg-type]
+                prompt_logprobs=plp,
+                topk_prompt_logprobs=tlp,
+                target_prompt_logprobs=score[0],
+                prompt_alt_tokens=score[1],
+            )
+            for seqs, plp, tlp, score in zip(sequences, prompt_lps, topk_lps, scores)
         ]
 
     def _forward(
@@ -201,8 +210,8 @@ class SamplerEngine:
         with self._lora.applied(adapters):
             return self._model(**kwargs).logits
 
-    def _run_wave(self, pieces, jobs, generators, rules, sequences, prompt_lps, topk_lps) -> None:
-        cache, mask_P_L, logits_P_V = self._prefill(pieces, jobs, prompt_lps, topk_lps)
+    def _run_wave(self, pieces, jobs, generators, rules, sequences, prompt_lps, topk_lps, scores) -> None:
+        cache, mask_P_L, logits_P_V = self._prefill(pieces, jobs, prompt_lps, topk_lps, scores)
         rows = [
             _Row(piece=i, budget=_budget(jobs[p.job], self.files.max_context))
             for i, p in enumerate(pieces)
@@ -224,6 +233,7 @@ class SamplerEngine:
             top_k_R = torch.tensor([p.top_k for p in params], device=device)
             top_p_R = torch.tensor([p.top_p for p in params], device=device)
             adapters = [jobs[pieces[r.piece].job].adapter for r in live]
+            topk_k_R = [jobs[pieces[r.piece].job].topk_sample_logprobs for r in live]
         del logits_P_V  # prompt-logprob columns can be large; the decode loop needs none
         while live:
             uniform_R = self._draw_uniforms(live, pieces, jobs, generators)
@@ -232,12 +242,15 @@ class SamplerEngine:
             behaviour = [None] * len(live)
             if any(row.sampling_logprobs is not None for row in live):
                 behaviour = sampling_logprobs_of(logits_R_V, temperature_R, top_k_R, top_p_R, tokens_R).tolist()
+            topk_R = prompt_scoring.sampled_topk(logits_R_V, topk_k_R)
             kept: list[int] = []
             for i, (row, token, logprob) in enumerate(zip(live, tokens_R.tolist(), logprobs_R.tolist())):
                 row.tokens.append(token)
                 row.logprobs.append(logprob)
                 if row.sampling_logprobs is not None:
                     row.sampling_logprobs.append(behaviour[i])
+                if topk_R[i] is not None:
+                    row.topk = (row.topk or []) + [topk_R[i]]
                 row.budget -= 1
                 if rules[pieces[row.piece].job].is_stop(row.tokens, self._decode):
                     row.stop_reason = "stop"
@@ -249,6 +262,7 @@ class SamplerEngine:
                 index_R = torch.tensor(kept, device=self.device)
                 cache.reorder_cache(index_R)
                 live, adapters = [live[i] for i in kept], [adapters[i] for i in kept]
+                topk_k_R = [topk_k_R[i] for i in kept]
                 tokens_R, mask_R_T, position_R = tokens_R[index_R], mask_R_T[index_R], position_R[index_R]
                 temperature_R, top_k_R, top_p_R = temperature_R[index_R], top_k_R[index_R], top_p_R[index_R]
             mask_R_T = torch.cat([mask_R_T, mask_R_T.new_ones(len(live), 1)], dim=1)
@@ -258,11 +272,14 @@ class SamplerEngine:
 
         next_sample = [p.first for p in pieces]
         for row in rows:  # rows are in piece order, samples in order within a piece
-            sequence = SampledSequence(row.tokens, row.logprobs, row.stop_reason, row.sampling_logprobs)
+            asked = jobs[pieces[row.piece].job].topk_sample_logprobs > 0
+            sequence = SampledSequence(
+                row.tokens, row.logprobs, row.stop_reason, row.sampling_logprobs, (row.topk or []) if asked else None
+            )
             sequences[pieces[row.piece].job][next_sample[row.piece]] = sequence
             next_sample[row.piece] += 1
 
-    def _prefill(self, pieces, jobs, prompt_lps, topk_lps):
+    def _prefill(self, pieces, jobs, prompt_lps, topk_lps, scores):
         """One forward over the wave's left-padded prompts. Fills prompt logprobs; returns
         the cache, the attention mask and each prompt's next-token logits."""
         from transformers import DynamicCache
@@ -289,7 +306,11 @@ class SamplerEngine:
         )
         for i in wants:
             job_index = pieces[i].job
-            prompt_lps[job_index], topk_lps[job_index] = self._prompt_logprobs(jobs[job_index], logits_P_C_V[i])
+            job = jobs[job_index]
+            if job.prompt_logprobs or job.topk_prompt_logprobs > 0:
+                prompt_lps[job_index], topk_lps[job_index] = self._prompt_logprobs(job, logits_P_C_V[i])
+            if prompt_scoring.wants_prompt_scoring(job):
+                scores[job_index] = prompt_scoring.score_prompt(job, logits_P_C_V[i])
         return cache, mask_P_L, logits_P_C_V[:, -1]
 
     def _draw_uniforms(self, live: list[_Row], pieces, jobs, generators) -> torch.Tensor:
@@ -367,13 +388,14 @@ def validate_job(job: SampleJob, files: ModelFiles, eos_token_ids, adapters) -> 
             raise InvalidRequest("prompt_logprobs_last_n requires prompt_logprobs")
         if not (1 <= last_n <= n - 1):
             raise InvalidRequest(f"prompt_logprobs_last_n must be between 1 and {n - 1}; got {last_n}")
+    prompt_scoring.validate(job, vocab)
     if job.adapter is not None and job.adapter not in adapters:
         raise InvalidRequest(f"adapter {job.adapter!r} is not loaded")
     StopRule.from_params(job.params, eos_token_ids)  # rejects empty stop strings
 
 
 def _wants_prompt_logprobs(job: SampleJob) -> bool:
-    return job.prompt_logprobs or job.topk_prompt_logprobs > 0
+    return job.prompt_logprobs or job.topk_prompt_logprobs > 0 or prompt_scoring.wants_prompt_scoring(job)
 
 
 def _logit_columns(job: SampleJob) -> int:
@@ -381,7 +403,13 @@ def _logit_columns(job: SampleJob) -> int:
     position whose logprob is asked (position i is predicted by column i - 1)."""
     if not _wants_prompt_logprobs(job):
         return 1
-    return len(job.prompt_tokens) - _first_logprob_position(job) + 1
+    first = len(job.prompt_tokens)
+    if job.prompt_logprobs or job.topk_prompt_logprobs > 0:
+        first = _first_logprob_position(job)
+    scored_row = prompt_scoring.first_scored_row(job)
+    if scored_row is not None:
+        first = min(first, scored_row + 1)
+    return len(job.prompt_tokens) - first + 1
 
 
 def _first_logprob_position(job: SampleJob) -> int:

@@ -9,7 +9,7 @@ compare them with the trainer's logprobs of the same tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Literal, Optional, Protocol
+from typing import Any, Iterable, Literal, Optional, Protocol
 
 from openrl_core.params import SamplingParams
 
@@ -32,6 +32,12 @@ class SampleJob:
     # Also report each token's logprob under the distribution it was drawn from
     # (`SampledSequence.sampling_logprobs`), StableReinforce's record (openrl_core.stability).
     record_stability_info: bool = False
+    # SDK 0.38's scoring fields (`prompt_scoring` computes them): k best at each sampled
+    # position; ids to score, [len(prompt) - 1, K] int64 with -1 for none; k draws per
+    # prompt position after the first.
+    topk_sample_logprobs: int = 0
+    target_prompt_ids: Optional[Any] = None  # numpy int64 [len(prompt) - 1, K]
+    prompt_alt_tokens_k: int = 0
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,8 @@ class SampledSequence:
     # engine actually drew it from (temperature, top-k, top-p applied); 0.0 for a greedy
     # pick, which is certain. None when not asked.
     sampling_logprobs: Optional[list[float]] = None
+    # Per generated token, k (token, logprob) pairs best first; None when not asked.
+    topk_logprobs: Optional[list[list[tuple[int, float]]]] = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,10 @@ class SampleResult:
     prompt_logprobs: Optional[list[Optional[float]]]
     # Per prompt position, k (token, logprob) pairs best first; None where not computed.
     topk_prompt_logprobs: Optional[list[Optional[list[tuple[int, float]]]]]
+    # Logprobs of the job's target ids, [len(prompt) - 1, K] float32 (any value where -1).
+    target_prompt_logprobs: Optional[Any] = None
+    # (tokens, logprobs), each [len(prompt) - 1, k]: draws at each prompt position after the first.
+    prompt_alt_tokens: Optional[tuple[Any, Any]] = None
 
 
 class Engine(Protocol):

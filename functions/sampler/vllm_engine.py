@@ -65,6 +65,7 @@ from functions.sampler.engine import (
 )
 from functions.sampler.stops import StopRule, make_decoder
 from functions.sampler.types import SampledSequence, SampleJob, SampleResult
+from functions.sampler.vllm_scoring import sampled_topk, scoring_request, scoring_result
 from openrl_core.errors import InvalidRequest, ServerError
 
 log = logging.getLogger(__name__)
@@ -162,7 +163,7 @@ class VllmEngine:
             "model": str(self.files.path), "dtype": self.options.dtype, "max_model_len": self.files.max_context,
             "max_num_seqs": self.options.max_num_seqs, "max_loras": self.options.max_loras,
             "max_lora_rank": self.lora_rank, "max_cpu_loras": self.options.max_cpu_loras,
-            "max_logprobs": MAX_TOPK_PROMPT_LOGPROBS,
+            "max_logprobs": -1,  # the scoring fields read the whole vocabulary; validate_job bounds k
         }  # fmt: skip
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
         env.setdefault("HF_HUB_OFFLINE", "1")
@@ -371,6 +372,8 @@ class VllmEngine:
             "stop_token_ids": sorted(rule.token_ids),
             "prompt_logprobs": job.topk_prompt_logprobs if wants_prompt else None,
             "lora": self._adapters[job.adapter] if job.adapter is not None else None,
+            "logprobs": job.topk_sample_logprobs,
+            **(scoring_request(job, self.files.vocab_size, wants_prompt) if row == 0 else {}),
         }
 
     def _result(self, job: SampleJob, rule: StopRule, rows: list[dict]) -> SampleResult:
@@ -399,10 +402,12 @@ class VllmEngine:
                     logprobs=list(logprobs),
                     stop_reason=stop_reason,
                     sampling_logprobs=sampling_logprobs,
+                    topk_logprobs=sampled_topk(answer, job.topk_sample_logprobs, len(tokens)),
                 )
             )
         prompt_lps, topk_lps = _prompt_logprobs(job, rows[0].get("prompt_logprobs"))
-        return SampleResult(sequences=sequences, prompt_logprobs=prompt_lps, topk_prompt_logprobs=topk_lps)
+        targets, alt = scoring_result(rows[0].get("scores"))
+        return SampleResult(sequences, prompt_lps, topk_lps, target_prompt_logprobs=targets, prompt_alt_tokens=alt)
 
     def _reload_full_state(self) -> None:
         """Hand vLLM the whole state of the torch copy (see the module docstring for why whole)."""

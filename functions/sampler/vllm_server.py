@@ -174,8 +174,11 @@ class Server:
                     include_stop_str_in_output=True,
                     skip_special_tokens=False,
                     spaces_between_special_tokens=False,
-                    logprobs=0,  # the sampled token's own logprob only
+                    # the sampled token's own logprob, plus the top-k when topk_sample_logprobs asks
+                    logprobs=request.get("logprobs", 0),
                     prompt_logprobs=request["prompt_logprobs"],
+                    # full-vocabulary prompt logprobs (the scoring fields) as flat lists, not dicts
+                    flat_logprobs=request.get("scoring") is not None,
                     detokenize=bool(request["stop"]),
                 )
             )
@@ -241,8 +244,14 @@ def _answer(output, request: dict) -> dict:
     logprobs = []
     for token, entry in zip(tokens, completion.logprobs or []):
         logprobs.append(entry[token].logprob)
-    prompt = None
-    if request["prompt_logprobs"] is not None and output.prompt_logprobs is not None:
+    topk = None
+    if request.get("logprobs", 0) > 0:
+        # per generated token: [[token, logprob, rank], ...] for the sampled token and the top-k
+        topk = [[[int(t), lp.logprob, lp.rank] for t, lp in entry.items()] for entry in completion.logprobs or []]
+    prompt, scores = None, None
+    if request.get("scoring") is not None and output.prompt_logprobs is not None:
+        prompt, scores = _scores_module().score(output.prompt_logprobs, request)
+    elif request["prompt_logprobs"] is not None and output.prompt_logprobs is not None:
         # Per prompt position (None at 0): [[token, logprob, rank], ...] for the prompt
         # token and the top-k.
         prompt = [
@@ -254,7 +263,23 @@ def _answer(output, request: dict) -> dict:
         "logprobs": logprobs,
         "finish_reason": completion.finish_reason,
         "prompt_logprobs": prompt,
+        "topk": topk,
+        "scores": scores,
     }
+
+
+def _scores_module():
+    """`vllm_scores.py` beside this file, loaded by path: the child runs with -P, so this
+    folder is not on sys.path (its types.py would shadow the standard library's)."""
+    import importlib.util
+
+    if "openrl_vllm_scores" not in sys.modules:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_scores.py")
+        spec = importlib.util.spec_from_file_location("openrl_vllm_scores", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules["openrl_vllm_scores"] = module
+    return sys.modules["openrl_vllm_scores"]
 
 
 def main() -> int:

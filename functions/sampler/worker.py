@@ -26,6 +26,7 @@ from functions.compute import host_memory
 from functions.compute.models import ModelDirectory, parameter_count
 from functions.compute.weight_sync import read_manifest
 from functions.sampler.full_runs import FullRunCopies
+from functions.sampler.scoring_payload import add_scoring_results, scoring_fields
 from functions.sampler.stability import stability_entry
 from functions.sampler.types import SampleJob, SampleResult
 from functions.timeslicer.client import TimeslicerClient
@@ -368,6 +369,7 @@ class SamplerWorker:
             prompt_logprobs_last_n=data.prompt_logprobs_last_n,
             adapter=adapter_key,
             record_stability_info=data.record_stability_info,
+            **scoring_fields(data, self.models.files(base_model).vocab_size),
         )
 
     def _evict(self, engine, loaded: OrderedDict, in_use: set[str], run: Optional[str]) -> None:
@@ -402,6 +404,7 @@ class SamplerWorker:
         }
         if event.data.record_stability_info:
             payload["stability"] = stability_entry(event.data.prompt_tokens, result)
+        add_scoring_results(payload, event.data, result)
         return self._reply(
             event, SAMPLE["completed"], RequestCompleted(request_id=event.data.request_id, result=payload), lease
         )

@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 import numpy as np
 
 from eventing.store.projections import expiry
+from functions.compute.age_export import encrypt_files
 from functions.compute.weight_sync import MANIFEST
 from functions.trainer import forks
 from functions.trainer.recovery import ModelSlot
@@ -157,7 +158,7 @@ class Handlers:
         slot = self._slot(event)
         engine = self._engine(slot)
         exported = engine.export_external(data.model_id) if slot.full else engine.export_adapter(data.model_id)
-        files = self._write(event.tenant, exported)
+        files = self._write(event.tenant, encrypt_files(exported, data.age_encryption_recipients))
         checkpoint = _checkpoint(data, "external_weights", files)
         result = {"path": checkpoint.tinker_path, "size_bytes": checkpoint.size_bytes, "type": "save_weights_external"}
         return {"result": result, "checkpoint": checkpoint}

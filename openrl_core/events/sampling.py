@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from pydantic import Field
 
@@ -42,6 +42,12 @@ class SampleRequested(Payload):
     prompt_logprobs: bool = False
     topk_prompt_logprobs: int = Field(0, ge=0)
     prompt_logprobs_last_n: Optional[int] = None
+    # SDK 0.38's scoring fields, checked by the gateway (`openrl_core.prompt_targets`): top-k
+    # at each sampled position, the request's target ids (its wire TensorData, kept in its
+    # layout to answer in kind), k draws at each prompt position.
+    topk_sample_logprobs: int = Field(0, ge=0)
+    target_prompt_logprobs: Optional[dict[str, Any]] = None
+    prompt_alt_tokens_k: int = Field(0, ge=0)
     sample_sequence_ids: list[str]
     # Keep StableReinforce's per-sequence records in the completion (openrl_core.stability).
     record_stability_info: bool = False

@@ -79,6 +79,8 @@ class SaveWeightsExternalRequested(Payload):
     seq_id: int
     name: str
     ttl_seconds: Optional[int] = None
+    # age recipients (checked by the gateway); every file is stored encrypted to them as `<name>.age`.
+    age_encryption_recipients: Optional[list[str]] = None
 
 
 class LoadWeightsRequested(Payload):

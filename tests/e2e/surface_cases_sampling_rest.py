@@ -93,9 +93,13 @@ def _on_queue_state_change(w, call):
 @case(
     SC + "sample",
     SC + "sample_async",
-    checked="num_samples sequences with tokens, logprobs, stop reasons and sequence ids; a seed repeats",
+    checked="num_samples sequences with tokens, logprobs, stop reasons and sequence ids; a seed repeats; "
+    "topk_sample_logprobs, target_prompt_logprobs (dense and sparse CSR) and prompt_alt_tokens_k answered "
+    "(their values are checked against a plain forward in test_sdk_prompt_scoring.py)",
 )
 def _sample(w, call):
+    import torch
+
     params = types.SamplingParams(max_tokens=5, temperature=0.7, seed=9, stop=["\n\nUser:"])
     first = call(w.sampler, "sample", w.prompt(), 3, params, include_prompt_logprobs=True)
     assert len(first.sequences) == 3 and first.prompt_logprobs[0] is None
@@ -104,6 +108,22 @@ def _sample(w, call):
     assert len({s.sequence_id for s in first.sequences}) == 3
     again = call(w.sampler, "sample", w.prompt(), 3, params)
     assert [s.tokens for s in again.sequences] == [s.tokens for s in first.sequences]
+    prompt = w.prompt()
+    rows = prompt.length - 1
+    ids = torch.full((rows, 4), -1, dtype=torch.int64)  # mostly -1: from_torch_sparse sends CSR
+    ids[rows - 1, 0] = 11
+    sparse = types.TensorData.from_torch_sparse(ids, pad_value=-1)
+    assert sparse.sparse_crow_indices is not None
+    for target in (types.TensorData.from_torch(ids), sparse):
+        scored = call(
+            w.sampler, "sample", prompt, 1, params, topk_sample_logprobs=2, target_prompt_logprobs=target,
+            prompt_alt_tokens_k=2,
+        )  # fmt: skip
+        assert scored.target_prompt_logprobs.shape == [rows, 4]
+        assert (scored.target_prompt_logprobs.sparse_crow_indices is None) == (target.sparse_crow_indices is None)
+        assert scored.target_prompt_logprobs.to_numpy()[rows - 1, 0] < 0
+        assert scored.prompt_alt_tokens.tokens.shape == [rows, 2]
+        assert all(len(row) == 2 for s in scored.sequences for row in s.topk_logprobs)
 
 
 # -- RestClient ------------------------------------------------------------------------------------

@@ -312,15 +312,26 @@ def _save_and_sample(w, call):
 @case(
     T + "save_weights_external",
     T + "save_weights_external_async",
-    checked="tinker://<run>/external_weights/<name> with signed download links",
+    checked="tinker://<run>/external_weights/<name> with signed download links; with age_encryption_recipients "
+    "the files are age-encrypted (pyrage) as <name>.age (tinker_cookbook.weights.download is checked end to end "
+    "in test_cookbook_weights.py)",
 )
 def _save_external(w, call):
+    import pyrage
+
     response = call(w.training, "save_weights_external", f"export-{uuid.uuid4().hex[:8]}")
     assert "/external_weights/export-" in response.path
     assert set(w.rest.get_external_weights_urls(response.path).result().urls) == {
         "adapter_model.safetensors",
         "adapter_config.json",
     }
+    key = pyrage.x25519.Identity.generate()
+    sealed = call(
+        w.training, "save_weights_external", f"sealed-{uuid.uuid4().hex[:8]}",
+        age_encryption_recipients=[str(key.to_public())],
+    )  # fmt: skip
+    urls = w.rest.get_external_weights_urls(sealed.path).result().urls
+    assert set(urls) == {"adapter_model.safetensors.age", "adapter_config.json.age"}
 
 
 @case(

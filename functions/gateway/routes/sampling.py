@@ -16,6 +16,7 @@ from functions.gateway.context import SOURCE, GatewayContext
 from functions.gateway.deps import get_ctx, get_tenant, read_body, require_open_sampler, require_session
 from functions.gateway.routes.futures import submitted_key
 from functions.gateway.routes.models import resolve_checkpoint
+from functions.gateway.sampling_fields import check_prompt_scoring
 from functions.gateway.submit import submit
 from openrl_core.errors import Gone, InvalidRequest, NotFound
 from openrl_core.events import new_event
@@ -135,6 +136,9 @@ def _asample(ctx: GatewayContext, tenant: str, raw: bytes) -> UntypedAPIFuture:
         prompt_logprobs=bool(body.prompt_logprobs),
         topk_prompt_logprobs=body.topk_prompt_logprobs,
         prompt_logprobs_last_n=body.prompt_logprobs_last_n,
+        topk_sample_logprobs=body.topk_sample_logprobs,
+        target_prompt_logprobs=body.target_prompt_logprobs,
+        prompt_alt_tokens_k=body.prompt_alt_tokens_k,
         sample_sequence_ids=sequence_ids,
         record_stability_info=bool(body.record_stability_info),
     )
@@ -198,14 +202,7 @@ def _validate(body: SampleRequest, prompt: list[int], vocab_size: int, max_conte
             raise InvalidRequest("prompt_logprobs_last_n needs prompt_logprobs=true")
         if not 1 <= body.prompt_logprobs_last_n <= len(prompt) - 1:
             raise InvalidRequest(f"prompt_logprobs_last_n must be between 1 and {len(prompt) - 1}")
-    unsupported = {
-        "topk_sample_logprobs": body.topk_sample_logprobs,
-        "prompt_alt_tokens_k": body.prompt_alt_tokens_k,
-        "target_prompt_logprobs": body.target_prompt_logprobs,
-    }
-    asked = [name for name, value in unsupported.items() if value]
-    if asked:
-        raise InvalidRequest(f"{', '.join(asked)} not supported by this server yet")
+    check_prompt_scoring(body, len(prompt), vocab_size, max_context * MAX_TOPK)
 
 
 def _require_weights(ctx: GatewayContext, tenant: str, session) -> None:

@@ -56,6 +56,19 @@ UNSTATED: dict[str, list[tuple[str, str]]] = {
     "POST /api/v1/asample": [
         (r"exceeds the model context|leaves no room in the model context", CONTEXT),
         (r"^prompt_logprobs_last_n must be between 1 and", "at most the prompt's length - 1: a sum over its chunks"),
+        (
+            r"^target_prompt_logprobs must have shape \[|the prompt needs at least 2 tokens",
+            "rows = the prompt's length - 1: a sum over its chunks",
+        ),
+        (
+            r"^target_prompt_logprobs has \d+ values but shape|^sparse (tensor has|column index)|"
+            r"^sparse_crow_indices must|^target_prompt_logprobs names no token id",
+            "a tensor's shape against its value count (a product), its CSR indices against its values (lengths)",
+        ),
+        (r"^(prompt_alt_tokens_k|target_prompt_logprobs): len\(prompt\)", "the prompt's length times k: a product"),
+    ],
+    "POST /api/v1/save_weights_external": [
+        (r"is not an age recipient: ", "an age key's bech32 checksum, an SSH key's encoding: no pattern states them")
     ],
     "POST /v1/completions": [
         (r"exceeds it|leaves no room|context", CONTEXT),

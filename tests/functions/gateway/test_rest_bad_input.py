@@ -269,7 +269,15 @@ CASES = {
             {"model_id": "RID", "seq_id": 12, "path": "x", "age_encryption_recipients": ["age1xyz"]},
             None,
             400,
-            "not supported",
+            "age_encryption_recipients[0] ('age1xyz') is not an age recipient",
+        ),  # fmt: skip
+        (
+            "POST",
+            "/api/v1/save_weights_external",
+            {"model_id": "RID", "seq_id": 13, "path": "x", "age_encryption_recipients": []},
+            None,
+            400,
+            "age_encryption_recipients is empty",
         ),  # fmt: skip
     ],
     "external_weights_urls": [

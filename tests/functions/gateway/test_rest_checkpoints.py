@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from urllib.parse import parse_qs, urlsplit
 
+import pyrage
 from sqlalchemy import select
 
 from eventing.store import database, projections, tables
@@ -306,14 +307,27 @@ def test_save_weights_external_is_a_sequenced_request(rest):
         )
         == future
     )
-    # a refused export still uses its seq_id, so the trainer never waits for it
+    # a refused export (a key age does not accept) still uses its seq_id, so the trainer never
+    # waits for it; no export request is stored for it
+    good = str(pyrage.x25519.Identity.generate().to_public())
     refused = rest.request(
         "POST",
         "/api/v1/save_weights_external",
-        {"model_id": run, "seq_id": 2, "path": "x", "age_encryption_recipients": ["age1abc"]},
+        {"model_id": run, "seq_id": 2, "path": "x", "age_encryption_recipients": [good, "age1abc"]},
     )
-    assert_clear_4xx(refused, 400, "age_encryption_recipients is not supported")
+    assert_clear_4xx(refused, 400, "age_encryption_recipients[1] ('age1abc') is not an age recipient")
     assert rest.count_events("seq.skipped") == 1
+    exports = [e for _, e in rest.runtime.store.iterate() if e.type.endswith("save_weights_external.requested.v1")]
+    assert len(exports) == 1
+    # valid recipients (age and SSH keys) travel in the event, for the trainer to encrypt to
+    ssh_key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDq8llDO9+aezaG8DFVOvEajtLsdihhBmuAt3WQlebIg someone@host"
+    rest.ok(
+        "POST",
+        "/api/v1/save_weights_external",
+        {"model_id": run, "seq_id": 3, "path": "enc", "age_encryption_recipients": [good, ssh_key]},
+    )
+    event = [e for _, e in rest.runtime.store.iterate() if e.type.endswith("save_weights_external.requested.v1")][-1]
+    assert (event.data.name, event.data.age_encryption_recipients) == ("enc", [good, ssh_key])
 
 
 def test_replaying_the_events_rebuilds_the_same_runs_checkpoints_and_sessions(rest, tmp_path):

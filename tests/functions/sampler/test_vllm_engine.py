@@ -161,6 +161,105 @@ def test_prompt_logprobs_and_topk_match_torch(vllm_engine, torch_engine):
             assert got.topk_prompt_logprobs is None
 
 
+# ---------------------------------------------------------------------- SDK 0.38 scoring fields
+# (before the tests that change the engine's adapters and weights)
+
+
+@pytest.fixture(scope="module")
+def forward_logprobs(tiny_files):
+    """Row t: log p(next | tokens[: t + 1]) of the base model, one plain float64 forward."""
+    from functions.compute.models import load_causal_lm
+
+    model = load_causal_lm(tiny_files).eval()
+
+    def logprobs_T_V(tokens):
+        with torch.no_grad():
+            return torch.log_softmax(model(torch.tensor([tokens])).logits[0].double(), dim=-1)
+
+    return logprobs_T_V
+
+
+def _targets(rows: int, vocab: int, seed: int):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, vocab, size=(rows, 4))
+    ids[rng.random((rows, 4)) < 0.5] = -1
+    ids[0] = -1
+    ids[2, 0] = 11
+    return ids
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_scoring_fields_match_a_plain_forward_and_the_torch_engine(
+    vllm_engine, torch_engine, forward_logprobs, tiny_files
+):
+    import numpy as np
+
+    ids = _targets(len(OTHER) - 1, tiny_files.vocab_size, 0)
+    fields = dict(target_prompt_ids=ids, prompt_alt_tokens_k=3, topk_sample_logprobs=4)
+    jobs = [
+        greedy(OTHER, prompt_logprobs=True, topk_prompt_logprobs=2, **fields),
+        greedy(OTHER, "b", **fields),  # an adapter on the lm_head: against the torch engine
+        greedy(PROMPT, topk_sample_logprobs=3),
+    ]
+    got, want = vllm_engine.sample(jobs), torch_engine.sample(jobs)
+    for g, w in zip(got, want):
+        assert_close(g, w)
+    # the base job against the plain forward
+    want_T_V = forward_logprobs(OTHER)[:-1]
+    want_R_K = want_T_V.gather(1, torch.tensor(ids).clamp(min=0)).numpy()
+    want_R_K[ids == -1] = 0.0
+    np.testing.assert_allclose(got[0].target_prompt_logprobs, want_R_K, atol=TOLERANCE)
+    tokens_R_k, logprobs_R_k = got[0].prompt_alt_tokens
+    assert (tokens_R_k == want_T_V.argmax(-1).numpy()[:, None]).all()  # temperature 0
+    np.testing.assert_allclose(logprobs_R_k[:, 0], want_T_V.max(-1).values.numpy(), atol=TOLERANCE)
+    pairs = [(a, b) for a, b in zip(got[0].prompt_logprobs, want[0].prompt_logprobs) if b is not None]
+    assert len(pairs) == len(OTHER) - 1 and max(abs(a - b) for a, b in pairs) < TOLERANCE
+    assert [[t for t, _ in row] for row in got[0].topk_prompt_logprobs[1:]] == [
+        [t for t, _ in row] for row in want[0].topk_prompt_logprobs[1:]
+    ]
+    # the adapter job against the torch engine (checked against plain peft elsewhere)
+    np.testing.assert_allclose(got[1].target_prompt_logprobs, want[1].target_prompt_logprobs, atol=TOLERANCE)
+    assert (got[1].prompt_alt_tokens[0] == want[1].prompt_alt_tokens[0]).all()
+    assert not np.allclose(got[1].target_prompt_logprobs, got[0].target_prompt_logprobs, atol=1e-3)
+    # top-k at sampled positions: the same ids and logprobs as the torch engine, and the forward's
+    for g, w in zip(got, want):
+        for gs, ws in zip(g.sequences, w.sequences):
+            assert [[t for t, _ in row] for row in gs.topk_logprobs] == [
+                [t for t, _ in row] for row in ws.topk_logprobs
+            ]
+            assert max(abs(a - b) for gr, wr in zip(gs.topk_logprobs, ws.topk_logprobs)
+                       for (_, a), (_, b) in zip(gr, wr)) < TOLERANCE  # fmt: skip
+    sequence = got[2].sequences[0]
+    full_T_V = forward_logprobs(PROMPT + sequence.tokens)[len(PROMPT) - 1 : -1]
+    for t, row in enumerate(sequence.topk_logprobs):
+        values, top = torch.topk(full_T_V[t], 3)
+        assert [tok for tok, _ in row] == top.tolist()
+        np.testing.assert_allclose([lp for _, lp in row], values.numpy(), atol=TOLERANCE)
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_alt_tokens_are_drawn_at_the_temperature(vllm_engine, forward_logprobs):
+    import numpy as np
+
+    k, temperature = 2000, 0.05
+    job = SampleJob(OTHER, 1, SamplingParams(max_tokens=1, temperature=temperature, seed=4), prompt_alt_tokens_k=k)
+    tokens_R_k, logprobs_R_k = vllm_engine.sample([job])[0].prompt_alt_tokens
+    want_T_V = forward_logprobs(OTHER)[:-1]
+    np.testing.assert_allclose(logprobs_R_k, want_T_V.gather(1, torch.tensor(tokens_R_k)).numpy(), atol=TOLERANCE)
+    probs_T_V = torch.softmax(want_T_V / temperature, dim=-1)
+    for row in range(len(OTHER) - 1):
+        top = torch.topk(probs_T_V[row], 20).indices
+        freq = np.array([(tokens_R_k[row] == int(t)).mean() for t in top])
+        p = probs_T_V[row, top].numpy()
+        assert np.all(np.abs(freq - p) <= 5 * np.sqrt(p * (1 - p) / k) + 2 / k), row
+    again_R_k, _ = vllm_engine.sample([job])[0].prompt_alt_tokens
+    assert (again_R_k == tokens_R_k).all()  # seeded
+
+
 @needs_vllm
 @pytest.mark.slow
 def test_stop_token_ids_and_strings_match_torch(vllm_engine, torch_engine, tiny_files):
