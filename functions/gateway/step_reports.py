@@ -1,0 +1,63 @@
+"""Step metrics a client reports through the tinker SDK's telemetry, picked out of a batch.
+
+The SDK sends `POST /api/v1/telemetry` batches of events; a generic event named
+`openrl.step_metrics` whose data holds `run_id` (one of the caller's training runs), `step`
+(an integer from 1: the client's step, which is the run's optim_step number for a loop that
+makes one optim_step per step) and numbers under names of its own becomes one
+`ClientStepMetrics` event on the run's key, stored with every other event. From a script:
+
+    training.get_telemetry().log("openrl.step_metrics", {"run_id": training.model_id, "step": 3, "reward": 0.7})
+
+Telemetry is best effort, and one bad entry must not cost the batch its other events (the
+SDK drops a batch the server refuses): an entry that is not well formed, names a run the
+caller does not own, or carries no finite number is skipped, never an error. Names are kept
+as the client sent them, at most MAX_METRICS of at most MAX_NAME characters each.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterable, Optional
+
+from openrl_core.events.sessions import ClientStepMetrics
+from openrl_core.wire.sessions import TelemetryEvent
+
+EVENT_NAME = "openrl.step_metrics"
+RESERVED = ("run_id", "step")
+MAX_METRICS = 64
+MAX_NAME = 100
+MAX_STEP = 2**31 - 1
+
+
+def step_report(event: TelemetryEvent, session_id: Optional[str]) -> Optional[ClientStepMetrics]:
+    """The report an event carries, or None when it is not one (or not a well-formed one)."""
+    if event.event != "GENERIC_EVENT" or event.event_name != EVENT_NAME:
+        return None
+    data = event.event_data
+    run_id, step = data.get("run_id"), data.get("step")
+    if not isinstance(run_id, str) or not 0 < len(run_id) <= 200:
+        return None
+    if isinstance(step, bool) or not isinstance(step, int) or not 1 <= step <= MAX_STEP:
+        return None
+    metrics = {
+        name: float(value)
+        for name, value in data.items()
+        if name not in RESERVED
+        and isinstance(name, str)
+        and 0 < len(name) <= MAX_NAME
+        and isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+    }
+    if not metrics or len(metrics) > MAX_METRICS:
+        return None
+    return ClientStepMetrics(model_id=run_id, step=step, metrics=metrics, session_id=session_id)
+
+
+def step_reports(
+    events: Iterable[TelemetryEvent], session_id: Optional[str], owns_run: Callable[[str], bool]
+) -> list[ClientStepMetrics]:
+    """The batch's well-formed reports on runs the caller owns (`owns_run` asked once per run)."""
+    reports = [r for r in (step_report(e, session_id) for e in events) if r is not None]
+    owned = {run: owns_run(run) for run in {r.model_id for r in reports}}
+    return [r for r in reports if owned[r.model_id]]
