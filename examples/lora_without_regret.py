@@ -21,7 +21,8 @@ mean (groups whose rewards all agree are dropped: they teach nothing), `forward_
 `importance_sampling` on the sampler's logprobs, `optim_step`, publish the weights for the
 next step's sampler. The step's reward goes back to the server through the SDK's telemetry
 (`training_client.get_telemetry().log("openrl.step_metrics", ...)`, when telemetry is on),
-where `openrl runs export` puts it beside the server's own step metrics.
+keyed by the run's optim_step number, where `openrl runs export` puts it beside the server's
+own step metrics (a step that trained nothing makes no optim_step and reports nothing).
 
 Learning rates, the paper's rule: LoRA's is 10× full fine-tuning's, the same for every rank
 (Tinker's LoRA scales its update by alpha/rank with alpha fixed at 32, which is what makes
@@ -134,7 +135,7 @@ def run(spec: Spec, steps: int, args, held_out, stream, out_dir: str, label: str
     before = accuracy(sampler, tokenizer, held_out, args.max_tokens)
     before_s = time.monotonic() - before_started
     log = CurveLog(os.path.join(out_dir, label or spec.name), steps, spec.name, label=label or spec.name)
-    step_seconds = []
+    step_seconds, trained = [], 0
     for step in range(1, steps + 1):
         t0 = time.monotonic()
         batch = [next(problems) for _ in range(args.problems)]
@@ -169,9 +170,15 @@ def run(spec: Spec, steps: int, args, held_out, stream, out_dir: str, label: str
         sampling_tps = sampled / sample_s if sample_s > 0 else None
         log.record(step, reward=reward, trained_rollouts=len(data), loss=loss, grad_norm=grad_norm, lr=lr,
                    sampling_tokens_per_s=sampling_tps, step_s=round(step_seconds[-1], 3))  # fmt: skip
-        if telemetry is not None:
-            telemetry.log("openrl.step_metrics", {"run_id": training.model_id, "step": step, "reward": reward,
-                                                  "sampling_tokens_per_s": sampling_tps, "trained_rollouts": len(data)})  # fmt: skip
+        if data:
+            trained += 1
+            if telemetry is not None:
+                # Keyed by the run's optim_step number, so the server puts the reward on the row of
+                # the step it trained; a step with no group to learn from makes no optim_step, and
+                # its reward stays in this script's JSONL only.
+                telemetry.log("openrl.step_metrics", {"run_id": training.model_id, "step": trained, "reward": reward,
+                                                      "client_step": step, "sampling_tokens_per_s": sampling_tps,
+                                                      "trained_rollouts": len(data)})  # fmt: skip
     eval_started = time.monotonic()
     after = accuracy(sampler, tokenizer, held_out, args.max_tokens)
     eval_s = before_s + time.monotonic() - eval_started  # both evaluations
@@ -354,8 +361,8 @@ def main() -> None:
         }
 
     table = arm_table(runs, args.tail)
-    title = (f"{args.base_model.split('/')[-1]}: word problems, {len(runs)} runs at once on one server "
-             f"(band: lowest to highest seed)")  # fmt: skip
+    title = (f"{args.base_model.split('/')[-1]}, generated word problems: {len(runs)} runs at once on one server\n"
+             f"(line: mean of the seeds, band: lowest to highest seed)")  # fmt: skip
     plot(runs, os.path.join(args.out, "report.png"), title)
     print(write_report(args.out, args, table, runs, concurrent, sequential), flush=True)
     with open(os.path.join(args.out, "report.json"), "w") as handle:

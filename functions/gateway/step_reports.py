@@ -2,8 +2,9 @@
 
 The SDK sends `POST /api/v1/telemetry` batches of events; a generic event named
 `openrl.step_metrics` whose data holds `run_id` (one of the caller's training runs), `step`
-(an integer from 1: the client's step, which is the run's optim_step number for a loop that
-makes one optim_step per step) and numbers under names of its own becomes one
+(an integer from 1: the run's optim_step number the numbers belong to, the `step` of
+`openrl runs show --metrics`; the server does not check that such a step exists yet, since
+the telemetry batch may arrive before the step is applied) and numbers under names of its own becomes one
 `ClientStepMetrics` event on the run's key, stored with every other event. From a script:
 
     training.get_telemetry().log("openrl.step_metrics", {"run_id": training.model_id, "step": 3, "reward": 0.7})
