@@ -30,6 +30,17 @@ MAX_NAME = 100
 MAX_STEP = 2**31 - 1
 
 
+def _finite(value: object) -> Optional[float]:
+    """The value as a finite float, or None (not a number, a bool, NaN, infinite, or an integer past float's range)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def step_report(event: TelemetryEvent, session_id: Optional[str]) -> Optional[ClientStepMetrics]:
     """The report an event carries, or None when it is not one (or not a well-formed one)."""
     if event.event != "GENERIC_EVENT" or event.event_name != EVENT_NAME:
@@ -41,14 +52,11 @@ def step_report(event: TelemetryEvent, session_id: Optional[str]) -> Optional[Cl
     if isinstance(step, bool) or not isinstance(step, int) or not 1 <= step <= MAX_STEP:
         return None
     metrics = {
-        name: float(value)
+        name: number
         for name, value in data.items()
-        if name not in RESERVED
-        and isinstance(name, str)
-        and 0 < len(name) <= MAX_NAME
-        and isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
+        if name not in RESERVED and isinstance(name, str) and 0 < len(name) <= MAX_NAME
+        for number in [_finite(value)]
+        if number is not None
     }
     if not metrics or len(metrics) > MAX_METRICS:
         return None
