@@ -47,7 +47,7 @@ def step_report(event: TelemetryEvent, session_id: Optional[str]) -> Optional[Cl
         return None
     data = event.event_data
     run_id, step = data.get("run_id"), data.get("step")
-    if not isinstance(run_id, str) or not 0 < len(run_id) <= 200:
+    if not isinstance(run_id, str) or not 0 < len(run_id) <= 200 or not run_id.isprintable():  # no NUL for the database
         return None
     if isinstance(step, bool) or not isinstance(step, int) or not 1 <= step <= MAX_STEP:
         return None
