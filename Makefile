@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint test test-fast demo demo-long recipe-sql recipe-rlvr autoresearch bench serve models clean compat fuzz chaos settings-doc
+.PHONY: install lint test test-fast demo demo-long recipe-sql recipe-rlvr recipe-lora-without-regret autoresearch bench serve models clean compat fuzz chaos settings-doc
 
 install: $(STAMP)
 
@@ -61,6 +61,15 @@ recipe-sql: install
 
 recipe-rlvr: install
 	scripts/recipe examples/rlvr_arithmetic.py
+
+# Six RL runs at once on one server (full fine-tuning x2, LoRA rank 32 x2, rank 1 x2). The
+# budget holds SmolLM2-135M's shared base weights, the four adapters and one full run's
+# float32 weights, gradients and AdamW moments (about 2.5 GiB with its sampler copy), not two:
+# the full runs take turns, parking to host memory. Telemetry on: each step's reward reaches
+# the server (`openrl runs export`).
+LWR_BUDGET ?= 4608MiB
+recipe-lora-without-regret: install
+	OPENRL_ACCELERATOR_MEMORY=$(LWR_BUDGET) TINKER_TELEMETRY=1 scripts/recipe examples/lora_without_regret.py
 
 autoresearch: install
 	scripts/recipe examples/autoresearch_sql.py

@@ -48,7 +48,12 @@ class CurveLog:
         eta = elapsed / step * (self.total_steps - step) if step else 0.0
         shown = "  ".join(f"{k}={_fmt(v)}" for k, v in numbers.items())
         prefix = f"[{self.label}] " if self.label else ""
-        print(f"{prefix}step {step}/{self.total_steps}  {shown}  elapsed {elapsed:.0f}s  eta {eta:.0f}s", flush=True)
+        # One write per line (newline included): runs in threads of one script never splice lines.
+        print(
+            f"{prefix}step {step}/{self.total_steps}  {shown}  elapsed {elapsed:.0f}s  eta {eta:.0f}s\n",
+            end="",
+            flush=True,
+        )
         return row
 
     def plot(self, keys: list[str], smooth: int = 1, ylabel: Optional[str] = None) -> str:

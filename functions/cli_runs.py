@@ -6,7 +6,8 @@ operator's. By default it prints a table; with `--json` it prints the server's J
 (one object with a `schema` field, numbers as numbers; `runs show --metrics --json` prints
 one object per optim_step per line). An error exits 1 and, with `--json`, prints
 `{"schema": "openrl.error.v1", "status": ..., "detail": ...}`; without, the detail on stderr.
-`runs fork RUN --at-step N` waits for the fork to be rebuilt (`--wait`) and exits 1 unless it
+`runs export RUN... --tensorboard DIR --jsonl FILE` writes runs' step metrics as TensorBoard
+event files and JSONL (functions/runs_export.py). `runs fork RUN --at-step N` waits for the fork to be rebuilt (`--wait`) and exits 1 unless it
 is ready (its `openrl.fork.v1` answer, with `status`, is printed with `--json` either way).
 """
 
@@ -64,7 +65,15 @@ def add_commands(commands) -> None:
     fork.add_argument("run_id")
     fork.add_argument("--at-step", type=int, required=True, help="N: 0 (as created) up to the run's completed steps")
     fork.add_argument("--wait", type=float, default=600.0, help="seconds to wait for the rebuild (default 600)")
-    for parser in (listing, show, cancel, fork):
+    export = verbs.add_parser(
+        "export", help="runs' per-step metrics as TensorBoard event files and/or JSONL (functions/runs_export.py)"
+    )
+    export.add_argument("run_ids", nargs="+", metavar="RUN")
+    export.add_argument(
+        "--tensorboard", type=Path, default=None, metavar="DIR", help="one event-file directory per run"
+    )
+    export.add_argument("--jsonl", type=Path, default=None, metavar="FILE", help="one line per step, appended")
+    for parser in (listing, show, cancel, fork, export):
         client_options(parser)
 
     checkpoints = commands.add_parser("checkpoints", help="checkpoints on a server: list, download, delete")
@@ -277,11 +286,18 @@ def _sessions_list(client, args, out) -> int:
     return _emit(args, out, answer, table(answer["sessions"], columns))
 
 
+def _runs_export(client, args, out) -> int:
+    from functions.runs_export import export
+
+    return export(client, args, out, _check)
+
+
 HANDLERS = {
     ("runs", "list"): _runs_list,
     ("runs", "show"): _runs_show,
     ("runs", "cancel"): _runs_cancel,
     ("runs", "fork"): _runs_fork,
+    ("runs", "export"): _runs_export,
     ("checkpoints", "list"): _checkpoints_list,
     ("checkpoints", "download"): _checkpoints_download,
     ("checkpoints", "delete"): _checkpoints_delete,

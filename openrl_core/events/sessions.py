@@ -39,3 +39,17 @@ SESSION_CREATED = register(event_type(FAMILY, "create", "completed"), SessionCre
 SESSION_HEARTBEAT = register(event_type(FAMILY, "heartbeat", "completed"), SessionHeartbeat)
 SESSION_FINISHED = register(event_type(FAMILY, "finish", "completed"), SessionFinished)
 TELEMETRY_RECEIVED = register(event_type(FAMILY, "telemetry", "completed"), TelemetryReceived)
+
+
+class ClientStepMetrics(Payload):
+    """Numbers a client reported for one step of one of its runs, through the SDK's telemetry
+    (a generic event named `openrl.step_metrics`): what only the client knows, such as reward."""
+
+    model_id: str
+    step: int
+    metrics: dict[str, float]
+    session_id: Optional[str] = None
+
+
+# Phase "reported", not "completed": it is no request's completion, so no future is folded from it.
+CLIENT_STEP_METRICS = register(event_type(FAMILY, "step_metrics", "reported"), ClientStepMetrics)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import Field
 
@@ -42,6 +42,9 @@ class FinishSessionRequest(WireRequest):
 
 class TelemetryEvent(WireRequest):
     event: str = "GENERIC_EVENT"
+    # A generic event's name and data (tinker.types.GenericEvent); other kinds carry neither.
+    event_name: Optional[str] = None
+    event_data: dict[str, Any] = Field(default_factory=dict)
 
 
 class TelemetrySendRequest(WireRequest):

@@ -6,10 +6,12 @@ from collections import Counter
 
 from fastapi import APIRouter, Depends
 
+from eventing.store.run_views import RunViews
 from functions.gateway.context import SOURCE, GatewayContext
 from functions.gateway.deps import get_ctx, get_tenant
+from functions.gateway.step_reports import step_reports
 from openrl_core.events import new_event
-from openrl_core.events.sessions import TELEMETRY_RECEIVED, TelemetryReceived
+from openrl_core.events.sessions import CLIENT_STEP_METRICS, TELEMETRY_RECEIVED, TelemetryReceived
 from openrl_core.wire.sessions import ClientConfigRequest, TelemetrySendRequest
 
 router = APIRouter(prefix="/api/v1")
@@ -55,6 +57,10 @@ def capabilities(ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(g
     return {"supported_models": models}
 
 
+def owns_run(ctx: GatewayContext, tenant: str, run_id: str) -> bool:
+    return RunViews(ctx.store.engine).run(tenant, run_id) is not None
+
+
 @router.post("/telemetry")
 def telemetry(
     body: TelemetrySendRequest, ctx: GatewayContext = Depends(get_ctx), tenant: str = Depends(get_tenant)
@@ -67,4 +73,7 @@ def telemetry(
         sdk_version=body.sdk_version,
     )
     ctx.emit(new_event(TELEMETRY_RECEIVED, payload, tenant=tenant, source=SOURCE, key=body.session_id))
+    # Step metrics the client reported (functions/gateway/step_reports.py), on their run's key.
+    for report in step_reports(body.events, body.session_id, lambda run: owns_run(ctx, tenant, run)):
+        ctx.emit(new_event(CLIENT_STEP_METRICS, report, tenant=tenant, source=SOURCE, key=report.model_id))
     return {"status": "accepted"}

@@ -11,7 +11,11 @@ Metrics are one JSON object per completed optim_step, one per line
 `optim/grad_norm`, `learning_rate`, `tokens` (of the step's training forward_backward data),
 `forward_backward` (calls), `step_seconds` (from the gateway taking the step's first request
 to its optim_step completing), `queue_wait_seconds` (from that first request to the trainer
-beginning it), `completed_at`. A number the server does not know is null.
+beginning it), `completed_at`, `sampled_tokens` / `sampling_seconds` / `sampling_tokens_per_s`
+(the run's samples that finished since the previous step, eventing/store/step_extras.py) and
+`reported`: what the client reported for the step through the SDK's telemetry (e.g.
+`{"reward": 0.7}`; functions/gateway/step_reports.py). A step only the client reported has
+a row with the server's numbers null. A number the server does not know is null.
 
 Cancel records `training.run.cancelled` (once: a second cancel is a 409 that changes
 nothing). Its projection fails the run's unfinished futures and those of the sampling
@@ -30,6 +34,7 @@ from fastapi import APIRouter, Body, Depends
 from fastapi.responses import StreamingResponse
 
 from eventing import topics
+from eventing.store import step_extras
 from eventing.store.event_store import Dedup
 from eventing.store.projections import utc
 from eventing.store.run_views import RunViews
@@ -104,6 +109,12 @@ def step_json(row) -> dict[str, Any]:
     }
 
 
+NO_SAMPLES = {"sampled_tokens": None, "sampling_seconds": None, "sampling_tokens_per_s": None}
+EMPTY_STEP = {"schema": "openrl.metrics.v1", "step": None, "loss": None, "optim/grad_norm": None, "learning_rate": None,
+              "tokens": None, "forward_backward": None, "step_seconds": None, "queue_wait_seconds": None,
+              "completed_at": None, **NO_SAMPLES}  # fmt: skip
+
+
 def check_limits(limit: int, offset: int) -> None:
     if not 1 <= limit <= MAX_LIMIT:
         raise InvalidRequest(f"limit must be between 1 and {MAX_LIMIT}, got {limit}")
@@ -168,14 +179,20 @@ def checkpoint_json(row) -> dict[str, Any]:
 def run_metrics(
     run_id: str, after_step: int = 0, ctx: GatewayContext = Depends(get_ctx), caller: Caller = Depends(get_caller)
 ) -> StreamingResponse:
-    require_visible_run(ctx, caller, run_id)
+    run = require_visible_run(ctx, caller, run_id)
     if not 0 <= after_step <= MAX_POSITION:  # a bound the store's 64-bit integers set
         raise InvalidRequest(f"after_step must be between 0 and {MAX_POSITION}, got {after_step}")
-    rows = views(ctx).steps(run_id, after=after_step)
+    steps = views(ctx).steps(run_id)
+    sampled = step_extras.sampling(ctx.store.engine, run.tenant, run_id, steps)
+    reported = step_extras.reported(ctx.store, run.tenant, run_id)
+    rows = {int(row.step): {**step_json(row), **sampled.get(int(row.step), NO_SAMPLES)} for row in steps}
+    for step in reported.keys() - rows.keys():
+        rows[step] = {**EMPTY_STEP, "step": step}
+    chosen = [{**rows[step], "reported": reported.get(step, {})} for step in sorted(rows) if step > after_step]
 
     def lines() -> Iterator[str]:
-        for row in rows:
-            yield json.dumps(step_json(row), separators=(",", ":")) + "\n"
+        for row in chosen:
+            yield json.dumps(row, separators=(",", ":")) + "\n"
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")
 
