@@ -180,6 +180,13 @@ def sequenced_rules(schema: dict, served: Served) -> None:
     schema["properties"]["seq_id"] = {"type": "integer", "minimum": 1}  # checked by the route, not the model
 
 
+def project_rules(schema: dict, served: Served) -> None:
+    # session_rest.PROJECT_ID: printable, not blank, at most 200 characters
+    schema["required"] = ["project_id"]
+    schema["properties"]["project_id"] = {"type": "string", "maxLength": 200,
+                                          "pattern": "^[^\\x00-\\x1f\\x7f]*\\S[^\\x00-\\x1f\\x7f]*$"}  # fmt: skip
+
+
 def save_weights_rules(schema: dict, served: Served) -> None:
     schema["required"] = sorted({*schema.get("required", ()), "path"})
     schema["properties"]["path"] = NAME_STR
