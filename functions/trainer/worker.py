@@ -58,7 +58,7 @@ from functions.trainer.packer import Packer
 from functions.trainer.recovery import ModelSlot, Recovery, position
 from functions.trainer.snapshots import SnapshotStore
 from openrl_core.datum import validate_batch
-from openrl_core.errors import NotFound, OpenRLError
+from openrl_core.errors import InvalidRequest, NotFound, OpenRLError
 from openrl_core.events import Event, new_event
 from openrl_core.events import training as te
 from openrl_core.events.base import event_type
@@ -630,7 +630,7 @@ class TrainerWorker:
                 engine.create(data.model_id)
             else:
                 engine = self.engine(data.base_model)
-                engine.create_adapter(data.model_id, data.lora_config)
+                engine.create_adapter(data.model_id, data.lora_config, optimizer_family(data))
             if isinstance(data, te.LoadWeightsRequested):
                 try:
                     engine.import_state(data.model_id, self._read(event.tenant, data.files), data.with_optimizer)
@@ -693,7 +693,9 @@ class TrainerWorker:
 
     def _optim_step(self, event: Event) -> dict:
         slot = self._slot(event)
-        metrics = self._engine(slot).optim_step(event.data.model_id, event.data.adam_params)
+        if slot.full and event.data.dimuon_params is not None:
+            raise InvalidRequest("full fine-tuning trains with AdamW; optim_step needs AdamParams")
+        metrics = self._engine(slot).optim_step(event.data.model_id, event.data.params)
         return {"result": {"metrics": metrics}}
 
     def _save_weights(self, event: Event) -> dict:
@@ -764,6 +766,11 @@ _CLEANS = (te.OPTIM_STEP["requested"], te.LOAD_WEIGHTS["requested"])
 
 def _accumulates(event: Event) -> bool:
     return event.type == te.FORWARD_BACKWARD["requested"] and not event.data.forward_only
+
+
+def optimizer_family(data) -> str:
+    """The optimizer a create (or create-via-load) event starts the model with."""
+    return (getattr(data, "optimizer_config", None) or {}).get("type", "adamw")
 
 
 def with_started(outcome: dict, started: datetime) -> dict:
