@@ -58,7 +58,7 @@ StatusQuery = Annotated[
 
 
 class SessionSearchCursor(WireRequest):
-    last_created_at: AwareDatetime
+    last_created_at: AwareDatetime = Field(strict=True)  # an RFC 3339 string, not a number
     last_session_id: str
 
 
