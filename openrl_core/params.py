@@ -1,14 +1,14 @@
 """Small value objects shared by the wire, the events and the workers.
 
 Field names and defaults are exactly the Tinker SDK's (`tinker.types.LoraConfig`,
-`AdamParams`, `SamplingParams`), so one object travels from the HTTP body through the event
+`AdamParams`, `DimuonParams`, `SamplingParams`), so one object travels from the HTTP body through the event
 log to the trainer or sampler unchanged. Validation here is what the gateway enforces.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Optional, Union
+from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -54,6 +54,44 @@ class AdamParams(ValueObject):
         if not math.isfinite(value):
             raise ValueError("must be a finite number")
         return value
+
+
+class DimuonParams(ValueObject):
+    """`tinker.types.DimuonParams` (SDK 0.38): one Dimuon step's hyperparameters (see
+    functions/trainer/dimuon.py for the update). Fields and bounds are the SDK's."""
+
+    type: Literal["dimuon"] = "dimuon"
+    learning_rate: float = Field(ge=0.0)
+    grad_clip_norm: float = Field(0.0, description="nonpositive values disable clipping")
+    beta1: float = Field(0.9, ge=0.0, lt=1.0, description="EMA coefficient of the momentum")
+
+    @field_validator("learning_rate", "grad_clip_norm", "beta1")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        return value
+
+
+# The optimizer families a training model can be created with (`optimizer_config.type`).
+ADAMW, DIMUON = "adamw", "dimuon"
+OPTIMIZER_CONFIGS = {ADAMW: {"type": ADAMW}, DIMUON: {"type": DIMUON, "version": 1}}
+
+
+def check_optimizer_config(config: Optional[dict]) -> dict:
+    """The canonical optimizer_config of a create request (None: AdamW), or ValueError saying
+    what is wrong: the families are `tinker.types.AdamOptimizerConfig` and
+    `DimuonOptimizerConfig` (version 1), which forbid other fields."""
+    config = dict(config or {"type": ADAMW})
+    family = config.get("type", ADAMW)
+    if family not in OPTIMIZER_CONFIGS:
+        raise ValueError(f"optimizer {family!r} is not offered; this server trains with 'adamw' or 'dimuon'")
+    config.setdefault("type", family)
+    if family == DIMUON:
+        config.setdefault("version", 1)
+    if config != OPTIMIZER_CONFIGS[family]:
+        raise ValueError(f"optimizer_config {config} is not one this server knows; use {OPTIMIZER_CONFIGS[family]}")
+    return dict(OPTIMIZER_CONFIGS[family])
 
 
 StopSpec = Union[str, list[str], list[int], None]

@@ -85,6 +85,12 @@ def _session_finished(rows: Rows, event: Event) -> None:
     rows.update("sessions", (data.session_id,), finished_at=event.time, finish_reason=data.reason)
 
 
+@handles(session_events.SESSION_PROJECT_ASSIGNED)
+def _session_project_assigned(rows: Rows, event: Event) -> None:
+    data = cast(session_events.SessionProjectAssigned, event.data)
+    rows.update("sessions", (data.session_id,), project_id=data.project_id)
+
+
 @handles(session_events.TELEMETRY_RECEIVED, training_events.SEQ_SKIPPED, SNAPSHOT_TAKEN, access_events.LOOKUP_REFUSED)
 def _no_projection(rows: Rows, event: Event) -> None:
     """Kept in the events table only."""

@@ -36,6 +36,7 @@ from functions.gateway.routes import (
     openrl_timeline,
     runs,
     sampling,
+    session_rest,
     sessions,
     training,
     unsupported,
@@ -56,7 +57,7 @@ def create_app(ctx: GatewayContext) -> FastAPI:
     errors.install(app)
     for module in (client, sessions, models, training, sampling, futures):
         app.include_router(module.router)
-    for module in (runs, checkpoints, downloads):
+    for module in (runs, checkpoints, downloads, session_rest):
         app.include_router(module.router)
     app.include_router(openai_compat.router)  # /v1: the OpenAI-compatible endpoint
     # OpenRL's own API, /api/openrl/v1 (the `openrl runs` CLI), and the dashboard page over it

@@ -90,6 +90,13 @@ NONEMPTY_INPUT = {
 }
 
 
+# openrl_core.params.check_optimizer_config: AdamW or Dimuon v1, nothing else (Dimuon for LoRA only)
+ADAMW_CONFIG = {"type": "object", "additionalProperties": False, "properties": {"type": {"const": "adamw"}}}
+DIMUON_CONFIG = {"type": "object", "additionalProperties": False, "required": ["type"],
+                 "properties": {"type": {"const": "dimuon"}, "version": {"const": 1}}}  # fmt: skip
+OPTIMIZER_CONFIG = {"anyOf": [ADAMW_CONFIG, DIMUON_CONFIG, {"type": "null"}]}
+
+
 def create_model_rules(schema: dict, served: Served) -> None:
     """A LoRA run needs its lora_config; a full fine-tuning run (user_metadata flag "true")
     takes none, or one that leaves every weight trained. (A server whose settings make some
@@ -104,13 +111,16 @@ def create_model_rules(schema: dict, served: Served) -> None:
         "type": "object",
         "properties": {name: {"const": True} for name in ("train_attn", "train_mlp", "train_unembed")},
     }
+    props["optimizer_config"] = OPTIMIZER_CONFIG
+    full_props = {**full["properties"], "lora_config": {"anyOf": [every_weight, {"type": "null"}]},
+                  "optimizer_config": {"anyOf": [ADAMW_CONFIG, {"type": "null"}]}}  # fmt: skip
     schema["anyOf"] = [
         {
             "required": ["lora_config"],
             "properties": {"lora_config": {"$ref": "#/components/schemas/LoraConfig"}},
             "not": full,
         },
-        {**full, "properties": {**full["properties"], "lora_config": {"anyOf": [every_weight, {"type": "null"}]}}},
+        {**full, "properties": full_props},
     ]
 
 
@@ -169,6 +179,7 @@ LOADABLE_PATH = {"type": "string", "pattern": f"^tinker://{RUN_ID}/(weights|samp
 
 def load_weights_rules(schema: dict, served: Served) -> None:
     schema["properties"]["path"] = LOADABLE_PATH
+    schema["properties"]["optimizer_config"] = OPTIMIZER_CONFIG
     # optimizer state is only in weights/ checkpoints (save_state)
     schema["if"] = {"required": ["path"], "properties": {"path": {"pattern": "/sampler_weights/"}}}
     schema["then"] = {"properties": {"optimizer": {"const": False}}}
@@ -191,6 +202,13 @@ NAME_STR = {"type": "string", "pattern": f"^{NAME}$"}
 
 def sequenced_rules(schema: dict, served: Served) -> None:
     schema["properties"]["seq_id"] = {"type": "integer", "minimum": 1}  # checked by the route, not the model
+
+
+def project_rules(schema: dict, served: Served) -> None:
+    # session_rest.PROJECT_ID: printable, not blank, at most 200 characters
+    schema["required"] = ["project_id"]
+    schema["properties"]["project_id"] = {"type": "string", "maxLength": 200,
+                                          "pattern": "^[^\\x00-\\x1f\\x7f]*\\S[^\\x00-\\x1f\\x7f]*$"}  # fmt: skip
 
 
 def save_weights_rules(schema: dict, served: Served) -> None:

@@ -44,6 +44,7 @@ from functions.gateway.openapi_bodies import (
     create_model_rules,
     fork_rules,
     load_weights_rules,
+    project_rules,
     sampling_session_rules,
     save_external_rules,
     save_for_sampler_rules,
@@ -54,7 +55,7 @@ from functions.gateway.routes import rest_wire
 from functions.gateway.routes.openrl_live import MAX_HISTORY
 from functions.gateway.routes.openrl_runs import MAX_LIMIT, STATUSES
 from functions.gateway.routes.openrl_runs import PREFIX as OPENRL
-from openrl_core.wire import base, futures, sampling, training
+from openrl_core.wire import base, futures, sampling, session_search, training
 from openrl_core.wire.futures import MAX_POSITION
 
 
@@ -214,9 +215,12 @@ ROUTES: dict[tuple[str, str], Doc] = {
     ("GET", V1 + "/billing/usage/events"): NOT_OFFERED,
     ("GET", V1 + "/billing/usage/checkpoints/current"): NOT_OFFERED,
     ("GET", V1 + "/audit"): NOT_OFFERED,
-    ("PUT", V1 + "/sessions/{session_id}/project"): NOT_OFFERED,
-    ("GET", V1 + "/sessions/{session_id}/trace_export"): NOT_OFFERED,
-    ("POST", V1 + "/sessions/search"): NOT_OFFERED,
+    ("PUT", V1 + "/sessions/{session_id}/project"): Doc(
+        errors=(404,), records=True, body=session_search.AssignSessionProjectRequest, body_patch=project_rules
+    ),
+    # Builds the trace now and stores it as a blob: ready at once, with a signed link.
+    ("GET", V1 + "/sessions/{session_id}/trace_export"): Doc(errors=(404,), records=True),
+    ("POST", V1 + "/sessions/search"): Doc(body=session_search.SessionSearchRequest),
     # OpenAI-compatible: 500 when the sampler fails a sample for a server-side reason.
     ("GET", "/v1/models"): Doc(openai=True),
     ("GET", "/v1/models/{model}"): Doc(errors=(404,), openai=True),

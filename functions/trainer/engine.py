@@ -42,7 +42,7 @@ from openrl_core import memory, packing
 from openrl_core.datum import Datum, validate_batch
 from openrl_core.errors import Conflict, InvalidRequest, NotFound, OpenRLError, ServerError
 from openrl_core.losses import resolve_config
-from openrl_core.params import AdamParams, LoraConfig
+from openrl_core.params import AdamParams, DimuonParams, LoraConfig
 
 __all__ = ["TrainerEngine", "PackRequest", "ForwardBackwardResult", "DEFAULT_MAX_PADDED_TOKENS"]
 
@@ -61,7 +61,7 @@ class _Adapter:
     name: str  # the internal PEFT adapter name
     lora: LoraConfig
     params: dict[str, torch.nn.Parameter]  # PEFT file key -> parameter
-    adam: optimizer.AdamState
+    adam: "optimizer.AdamState | optimizer.DimuonState"  # either family's state (optimizer.py)
     numel: int = 0  # elements of the adapter, counted at creation (parking empties them)
     parked: Optional[parking.Parked] = None
 
@@ -114,8 +114,9 @@ class TrainerEngine:
 
     # -- adapters -------------------------------------------------------------------------
 
-    def create_adapter(self, model_id: str, lora: LoraConfig) -> None:
-        """A fresh adapter (B = 0, so the model is unchanged) with its own optimizer state."""
+    def create_adapter(self, model_id: str, lora: LoraConfig, optimizer_family: str = "adamw") -> None:
+        """A fresh adapter (B = 0, so the model is unchanged) with its own optimizer state, of
+        `optimizer_family` ("adamw" or "dimuon")."""
         if model_id in self._adapters:
             raise Conflict(f"model {model_id!r} already has an adapter")
         name = adapters.internal_name(model_id)
@@ -141,7 +142,7 @@ class TrainerEngine:
         params = adapters.adapter_parameters(self._peft, name)
         adapters.initialize(params, adapters.init_seed(model_id, lora))
         numel = sum(p.numel() for p in params.values())
-        self._adapters[model_id] = _Adapter(name, lora, params, optimizer.fresh_state(params), numel)
+        self._adapters[model_id] = _Adapter(name, lora, params, optimizer.fresh_state(params, optimizer_family), numel)
 
     def has_adapter(self, model_id: str) -> bool:
         return model_id in self._adapters
@@ -224,10 +225,11 @@ class TrainerEngine:
                 out[index] = result
         return out
 
-    def optim_step(self, model_id: str, params: AdamParams) -> dict[str, float]:
-        """Apply the accumulated gradient with AdamW (see optimizer.py) and clear it."""
+    def optim_step(self, model_id: str, params: "AdamParams | DimuonParams") -> dict[str, float]:
+        """Apply the accumulated gradient with the adapter's optimizer (AdamW, optimizer.py, or
+        Dimuon, dimuon.py) and clear it."""
         adapter = self._require(model_id)
-        grad_norm = optimizer.adamw_step(adapter.params, adapter.adam, params)
+        grad_norm = optimizer.step(adapter.params, adapter.adam, params)
         self._clear_gradients(adapter)
         return {"optim/grad_norm": grad_norm, "optim/lr": float(params.learning_rate)}
 
@@ -249,11 +251,7 @@ class TrainerEngine:
         """
         adapter = self._require(model_id)
         params = {key: p.detach().clone() for key, p in adapter.params.items()}
-        adam = optimizer.AdamState(
-            step=adapter.adam.step,
-            exp_avg={key: t.clone() for key, t in adapter.adam.exp_avg.items()},
-            exp_avg_sq={key: t.clone() for key, t in adapter.adam.exp_avg_sq.items()},
-        )
+        adam = optimizer.clone_state(adapter.adam)
         lora, name = adapter.lora, self._files.name
         return lambda: {**adapters.export_files(params, lora, name), **optimizer.state_to_files(adam)}
 
@@ -275,7 +273,7 @@ class TrainerEngine:
             if with_optimizer:
                 adam = optimizer.state_from_files(files, adapter.params)
             else:
-                adam = optimizer.fresh_state(adapter.params)
+                adam = optimizer.fresh_state(adapter.params, optimizer.family_of(adapter.adam))
             adapters.load_weights(adapter.params, files)
         except InvalidRequest:
             if created:

@@ -72,7 +72,8 @@ def _start(engine, model_id: str, origin, read: Read, full: bool) -> None:
     elif origin.lora_config is not None:  # else import_state makes it from the checkpoint's config
         lora = origin.lora_config
         # The parent's adapter was drawn from a seed of the parent's id (unless the SDK gave one).
-        engine.create_adapter(model_id, lora.model_copy(update={"seed": adapters.init_seed(origin.model_id, lora)}))
+        seeded = lora.model_copy(update={"seed": adapters.init_seed(origin.model_id, lora)})
+        engine.create_adapter(model_id, seeded, (origin.optimizer_config or {}).get("type", "adamw"))
     if isinstance(origin, te.LoadWeightsRequested):
         engine.import_state(model_id, read(origin.files), origin.with_optimizer)
 
@@ -83,7 +84,7 @@ def _apply(engine, model_id: str, request, read: Read) -> None:
         batch = [record.to_datum() for record in request.data]
         engine.forward_backward(model_id, batch, request.loss_fn, request.loss_fn_config, request.forward_only)
     elif isinstance(request, te.OptimStepRequested):
-        engine.optim_step(model_id, request.adam_params)
+        engine.optim_step(model_id, request.params)
     elif isinstance(request, te.LoadWeightsRequested):
         engine.import_state(model_id, read(request.files), request.with_optimizer)
     else:

@@ -23,7 +23,7 @@ from functions.compute.weight_sync import MANIFEST
 from functions.trainer import forks
 from functions.trainer.recovery import ModelSlot
 from openrl_core.datum import validate_batch
-from openrl_core.errors import NotFound, OpenRLError
+from openrl_core.errors import InvalidRequest, NotFound, OpenRLError
 from openrl_core.events import Event
 from openrl_core.events import training as te
 from openrl_core.events.lifecycle import CheckpointSaved, SamplingSessionBound
@@ -48,7 +48,7 @@ class Handlers:
                 engine.create(data.model_id)
             else:
                 engine = self.engine(data.base_model)
-                engine.create_adapter(data.model_id, data.lora_config)
+                engine.create_adapter(data.model_id, data.lora_config, optimizer_family(data))
             if isinstance(data, te.LoadWeightsRequested):
                 try:
                     engine.import_state(data.model_id, self._read(event.tenant, data.files), data.with_optimizer)
@@ -111,7 +111,9 @@ class Handlers:
 
     def _optim_step(self, event: Event) -> dict:
         slot = self._slot(event)
-        metrics = self._engine(slot).optim_step(event.data.model_id, event.data.adam_params)
+        if slot.full and event.data.dimuon_params is not None:
+            raise InvalidRequest("full fine-tuning trains with AdamW; optim_step needs AdamParams")
+        metrics = self._engine(slot).optim_step(event.data.model_id, event.data.params)
         return {"result": {"metrics": metrics}}
 
     def _save_weights(self, event: Event) -> dict:
@@ -174,6 +176,11 @@ class Handlers:
 
     def _read(self, tenant: str, refs) -> dict[str, bytes]:
         return {name: self.blobs.get(tenant, ref) for name, ref in refs.items()}
+
+
+def optimizer_family(data) -> str:
+    """The optimizer a create (or create-via-load) event starts the model with."""
+    return (getattr(data, "optimizer_config", None) or {}).get("type", "adamw")
 
 
 def _checkpoint(data, kind: str, files: dict, **extra) -> CheckpointSaved:

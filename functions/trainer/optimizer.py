@@ -19,6 +19,12 @@ fine-tuning is tested that way against a plain torch loop.
 ||g|| is the global L2 norm over all of the parameters' gradients; the step reports it
 BEFORE clipping. A parameter without a gradient (nothing reached it since the last step)
 steps with a zero gradient, so all of a model's parameters share one step count.
+
+The second family, Dimuon (`dimuon.py`), keeps the same kind of state (a step count, one
+momentum buffer); the functions at the end (`fresh_state`, `step`, `clone_state`,
+`training_slots`, `state_to_files`, `state_from_files`) take either state and dispatch on
+it, so engines, parking, snapshots and checkpoints handle both families alike. A step of
+the other family than the model's is a user error.
 """
 
 from __future__ import annotations
@@ -31,9 +37,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 
-from functions.trainer import tensor_files
+from functions.trainer import dimuon, tensor_files
+from functions.trainer.dimuon import DimuonState
 from openrl_core.errors import InvalidRequest
-from openrl_core.params import AdamParams
+from openrl_core.params import ADAMW, DIMUON, AdamParams, DimuonParams
 
 STATE_TENSORS = "optimizer.safetensors"
 STATE_META = "optimizer.json"
@@ -51,10 +58,12 @@ class AdamState:
     exp_avg_sq: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-def training_slots(params: Mapping[str, torch.nn.Parameter], state: AdamState) -> list:
-    """Where a model's training state lives (weights, gradients, both moments), for parking."""
+def training_slots(params: Mapping[str, torch.nn.Parameter], state: "AdamState | DimuonState") -> list:
+    """Where a model's training state lives (weights, gradients, moments), for parking."""
     from functions.compute import parking
 
+    if isinstance(state, DimuonState):
+        return parking.param_slots("w/", dict(params)) + parking.dict_slots("m/", state.momentum)
     return (
         parking.param_slots("w/", dict(params))
         + parking.dict_slots("m/", state.exp_avg)
@@ -62,7 +71,10 @@ def training_slots(params: Mapping[str, torch.nn.Parameter], state: AdamState) -
     )
 
 
-def fresh_state(params: Mapping[str, torch.nn.Parameter]) -> AdamState:
+def fresh_state(params: Mapping[str, torch.nn.Parameter], family: str = ADAMW) -> "AdamState | DimuonState":
+    """Zeroed state of the optimizer family `family` ("adamw" or "dimuon")."""
+    if family == DIMUON:
+        return dimuon.fresh_state(params)
     return AdamState(
         step=0,
         exp_avg={name: torch.zeros_like(p, memory_format=torch.contiguous_format) for name, p in params.items()},
@@ -115,7 +127,42 @@ def adamw_step(
     return float(grad_norm)
 
 
-def state_to_files(state: AdamState) -> dict[str, bytes]:
+def family_of(state: "AdamState | DimuonState") -> str:
+    return DIMUON if isinstance(state, DimuonState) else ADAMW
+
+
+def step(
+    params: Mapping[str, torch.nn.Parameter], state: "AdamState | DimuonState", hp: "AdamParams | DimuonParams"
+) -> float:
+    """One step of the state's family; hyperparameters of the other family are refused."""
+    if isinstance(state, DimuonState) and isinstance(hp, DimuonParams):
+        return dimuon.dimuon_step(params, state, hp)
+    if isinstance(state, AdamState) and isinstance(hp, AdamParams):
+        return adamw_step(params, state, hp)
+    wanted = "DimuonParams" if isinstance(state, DimuonState) else "AdamParams"
+    raise InvalidRequest(
+        f"this model trains with the {family_of(state)} optimizer chosen at its creation; optim_step needs {wanted}"
+    )
+
+
+def clone_state(state: "AdamState | DimuonState", device=None) -> "AdamState | DimuonState":
+    """A copy of the state (on `device`, default where it is), for snapshots and exports."""
+    if isinstance(state, DimuonState):
+        return dimuon.clone(state, device)
+    return AdamState(
+        step=state.step,
+        exp_avg={k: t.to(device or t.device, copy=True) for k, t in state.exp_avg.items()},
+        exp_avg_sq={k: t.to(device or t.device, copy=True) for k, t in state.exp_avg_sq.items()},
+    )
+
+
+def state_to_files(state: "AdamState | DimuonState") -> dict[str, bytes]:
+    if isinstance(state, DimuonState):
+        meta = {"format": dimuon.STATE_FORMAT, "step": state.step}
+        return {
+            STATE_TENSORS: tensor_files.save(dimuon.state_tensors(state)),
+            STATE_META: json.dumps(meta, sort_keys=True).encode(),
+        }
     tensors = {}
     for name in sorted(state.exp_avg):
         tensors[f"exp_avg/{name}"] = state.exp_avg[name].detach().cpu().contiguous()
@@ -127,8 +174,9 @@ def state_to_files(state: AdamState) -> dict[str, bytes]:
     }
 
 
-def state_from_files(files: Mapping[str, bytes], params: Mapping[str, torch.nn.Parameter]) -> AdamState:
-    """Rebuild the state for `params`; the files must hold a moment pair for exactly those names."""
+def state_from_files(files: Mapping[str, bytes], params: Mapping[str, torch.nn.Parameter]) -> "AdamState | DimuonState":
+    """Rebuild the state for `params`, of the family the files hold; they must hold its
+    buffers for exactly those names."""
     if STATE_TENSORS not in files or STATE_META not in files:
         raise InvalidRequest("the checkpoint holds no optimizer state; load it without the optimizer")
     try:
@@ -136,8 +184,11 @@ def state_from_files(files: Mapping[str, bytes], params: Mapping[str, torch.nn.P
         tensors = load_safetensors(files[STATE_TENSORS])
     except (ValueError, RuntimeError, SafetensorError) as error:
         raise InvalidRequest(f"the checkpoint's optimizer state is unreadable: {error}") from error
-    if not isinstance(meta, dict) or meta.get("format") != STATE_FORMAT or not isinstance(meta.get("step"), int):
-        raise InvalidRequest(f"the checkpoint's optimizer state is not in format {STATE_FORMAT}")
+    formats = (STATE_FORMAT, dimuon.STATE_FORMAT)
+    if not isinstance(meta, dict) or meta.get("format") not in formats or not isinstance(meta.get("step"), int):
+        raise InvalidRequest(f"the checkpoint's optimizer state is in none of the formats {', '.join(formats)}")
+    if meta["format"] == dimuon.STATE_FORMAT:
+        return dimuon.state_from_tensors(int(meta["step"]), tensors, params)
     expected = {f"{kind}/{name}" for name in params for kind in ("exp_avg", "exp_avg_sq")}
     if set(tensors) != expected:
         raise InvalidRequest("the checkpoint's optimizer state does not match the adapter's parameters")

@@ -28,6 +28,13 @@ class SessionFinished(Payload):
     detail: Optional[str] = None
 
 
+class SessionProjectAssigned(Payload):
+    """`assign_session_project`: the session (and so its runs and samplers) moves to a project."""
+
+    session_id: str
+    project_id: str
+
+
 class TelemetryReceived(Payload):
     session_id: str
     event_count: int
@@ -38,6 +45,7 @@ class TelemetryReceived(Payload):
 SESSION_CREATED = register(event_type(FAMILY, "create", "completed"), SessionCreated)
 SESSION_HEARTBEAT = register(event_type(FAMILY, "heartbeat", "completed"), SessionHeartbeat)
 SESSION_FINISHED = register(event_type(FAMILY, "finish", "completed"), SessionFinished)
+SESSION_PROJECT_ASSIGNED = register(event_type(FAMILY, "assign_project", "completed"), SessionProjectAssigned)
 TELEMETRY_RECEIVED = register(event_type(FAMILY, "telemetry", "completed"), TelemetryReceived)
 
 

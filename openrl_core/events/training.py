@@ -14,7 +14,7 @@ from openrl_core.datum import DatumRecord
 from openrl_core.events.base import Payload, event_type, register
 from openrl_core.events.lifecycle import BlobRef, register_lifecycle
 from openrl_core.events.recovery import SnapshotTaken
-from openrl_core.params import AdamParams, LoraConfig
+from openrl_core.params import AdamParams, DimuonParams, LoraConfig
 
 FAMILY = "training"
 
@@ -47,6 +47,12 @@ class OptimStepRequested(Payload):
     model_id: str
     seq_id: int
     adam_params: AdamParams
+    # Set for a model created with the Dimuon optimizer; adam_params is then unused.
+    dimuon_params: Optional[DimuonParams] = None
+
+    @property
+    def params(self) -> AdamParams | DimuonParams:
+        return self.dimuon_params or self.adam_params
 
 
 class SaveWeightsRequested(Payload):
@@ -97,6 +103,8 @@ class LoadWeightsRequested(Payload):
     lora_config: Optional[LoraConfig] = None
     user_metadata: Optional[dict[str, Any]] = None
     full_finetune: bool = False
+    # Create-via-load without the checkpoint's optimizer state: the optimizer to start with.
+    optimizer_config: Optional[dict[str, Any]] = None
 
 
 class RunCancelled(Payload):

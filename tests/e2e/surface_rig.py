@@ -109,6 +109,20 @@ class World:
             )
         return data
 
+    @cached_property
+    def probe_sampler(self) -> str:
+        """A sampling session of its own for the refusal probes (surface_fields.REFUSED)."""
+        return self.service.create_sampling_client(base_model=MODEL).result()._sampling_session_id
+
+    @cached_property
+    def probe_training(self) -> tinker.TrainingClient:
+        """A training run of its own for the probes: a refused seq_id stays used."""
+        return self.new_training(seed=11)
+
+    def next_probe_seq(self) -> int:
+        self._probe_seq = getattr(self, "_probe_seq", 100_000) + 1
+        return self._probe_seq
+
     @property
     def session_id(self) -> str:
         return self.training.model_id.split(":train:")[0]

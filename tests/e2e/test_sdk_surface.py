@@ -19,10 +19,11 @@ import os
 from collections import Counter
 from pathlib import Path
 
+import httpx
 import pytest
 import tinker
 
-from tests.e2e import surface_cases_sampling_rest, surface_cases_training  # noqa: F401  (they register the cases)
+from tests.e2e import surface_cases_sampling_rest, surface_cases_training, surface_fields  # noqa: F401  (they register the cases)
 from tests.e2e.conftest import API_KEY
 from tests.e2e.sdk_close import close_service
 from tests.e2e.surface_rig import CASES, NOTE, OTHER, REFUSED, WORKS, World, make_call
@@ -105,7 +106,22 @@ def render() -> str:
             lines.append(f"| `{method}` | **no case** | | |")
             continue
         lines.append(f"| `{method}` | {case.status} | {case.note} | {case.checked} |")
+    lines += surface_fields.render_fields()
     return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("refused", sorted(surface_fields.REFUSED), ids=lambda key: ".".join(key))
+def test_refused_field_is_a_clear_400(world, refused):
+    """Each `refused values` entry of the field table: such a value gets a 400 naming the field."""
+    route, body = surface_fields.REFUSED[refused][1](world)
+    answer = httpx.post(world.server.url + route, json=body, headers={"X-API-Key": world.api_key}, timeout=30)
+    assert answer.status_code == 400 and refused[1] in answer.json()["detail"], (refused, answer.text)
+
+
+@pytest.mark.parametrize("loss", surface_fields.refused_losses())
+def test_refused_loss_is_a_clear_400(world, loss):
+    with pytest.raises(tinker.BadRequestError, match=loss):
+        world.probe_training.forward_backward(world.batch, loss).result()
 
 
 def test_compatibility_doc_says_what_the_cases_check():

@@ -15,18 +15,21 @@ from openrl_core.events.lifecycle import BlobRef
 from openrl_core.events.training import CREATE_MODEL, LOAD_WEIGHTS, CreateModelRequested, LoadWeightsRequested
 from openrl_core.finetune import FULL_FINETUNE_KEY, check_full_finetune_config, is_full_finetune
 from openrl_core.ids import TinkerPath, model_id_for, new_request_id
-from openrl_core.params import LoraConfig
+from openrl_core.params import ADAMW, LoraConfig, check_optimizer_config
 from openrl_core.wire.base import UntypedAPIFuture
 from openrl_core.wire.training import CreateModelRequest, GetInfoRequest, GetInfoResponse, LoadWeightsRequest, ModelData
 
 router = APIRouter(prefix="/api/v1")
 
 
-def _check_optimizer(config: dict | None) -> dict:
-    config = config or {"type": "adamw"}
-    if config.get("type", "adamw") != "adamw":
-        raise InvalidRequest(f"optimizer {config.get('type')!r} is not supported; this server trains with 'adamw'")
-    return {"type": "adamw"}
+def _check_optimizer(config: dict | None, full: bool = False) -> dict:
+    try:
+        checked = check_optimizer_config(config)
+    except ValueError as error:
+        raise InvalidRequest(str(error)) from None
+    if full and checked["type"] != ADAMW:
+        raise InvalidRequest("the Dimuon optimizer is offered for LoRA training; full fine-tuning trains with 'adamw'")
+    return checked
 
 
 @router.post("/create_model")
@@ -58,7 +61,7 @@ def _create_model(ctx: GatewayContext, tenant: str, raw: bytes) -> UntypedAPIFut
         # a full run may come without one (its description says so): the event keeps a placeholder
         lora_config=body.lora_config or LoraConfig(),
         user_metadata=body.user_metadata,
-        optimizer_config=_check_optimizer(body.optimizer_config),
+        optimizer_config=_check_optimizer(body.optimizer_config, full),
         full_finetune=full,
     )
     dedup = Dedup.of(f"model:{body.session_id}:{body.model_seq_id}", raw)
@@ -176,6 +179,8 @@ def _create_via_load(ctx: GatewayContext, tenant: str, body: LoadWeightsRequest,
         lora_config=None if full else LoraConfig.model_validate(source_run.lora_config),
         user_metadata=body.user_metadata if body.user_metadata is not None else source_run.user_metadata,
         full_finetune=full,
+        # With the optimizer, the checkpoint's state decides the optimizer (and its family).
+        optimizer_config=None if body.optimizer else _check_optimizer(body.optimizer_config, full),
     )
     dedup = Dedup.of(f"model:{body.session_id}:{body.model_seq_id}", raw)
     return submit(

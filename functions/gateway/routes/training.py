@@ -13,6 +13,7 @@ from typing import Callable
 
 import zstandard
 from fastapi import APIRouter, Depends, Request
+from pydantic import ValidationError
 
 from functions.gateway import body_limit, jsonbodies, proto
 from functions.gateway.context import GatewayContext
@@ -33,7 +34,7 @@ from openrl_core.events.training import (
 )
 from openrl_core.ids import TinkerPath, check_checkpoint_name, sampling_session_id_for
 from openrl_core.losses import resolve_config
-from openrl_core.params import AdamParams
+from openrl_core.params import AdamParams, DimuonParams
 from openrl_core.wire.base import UntypedAPIFuture
 from openrl_core.wire.training import OptimStepRequest, SaveWeightsForSamplerRequest, SaveWeightsRequest
 
@@ -157,18 +158,30 @@ def _optim_step(ctx: GatewayContext, tenant: str, raw: bytes) -> UntypedAPIFutur
     run = require_run(ctx, tenant, body.model_id)
 
     def build(request_id: str) -> OptimStepRequested:
-        if body.optimizer_params is not None and body.optimizer_params.get("type") not in (None, "adamw"):
-            raise InvalidRequest(f"optimizer {body.optimizer_params.get('type')!r} is not supported; use adam_params")
         return OptimStepRequested(
             request_id=request_id,
             model_id=run.model_id,
             seq_id=body.seq_id,
             adam_params=body.adam_params or AdamParams(),
+            dimuon_params=dimuon_params(body.optimizer_params),
         )
 
     return submit_sequenced(
         ctx, tenant, run=run, seq_id=body.seq_id, body=raw, event_type=OPTIM_STEP["requested"], build=build
     )
+
+
+def dimuon_params(given: dict | None) -> DimuonParams | None:
+    """The SDK sends a non-Adam family's step as `optimizer_params` with its `type`."""
+    if given is None or given.get("type") in (None, "adamw"):
+        return None
+    if given.get("type") != "dimuon":
+        raise InvalidRequest(f"optimizer {given.get('type')!r} is not offered; send AdamParams or DimuonParams")
+    try:
+        return DimuonParams.model_validate(given)
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        raise InvalidRequest(f"DimuonParams: {problems}") from None
 
 
 @router.post("/save_weights")

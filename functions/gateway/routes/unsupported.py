@@ -1,8 +1,7 @@
 """The Tinker endpoints this server does not offer, each refused with its reason.
 
-Two kinds: features of the hosted service that make no sense self-hosted (billing and
-storage usage, the organisation audit log), and features not offered yet (moving a session
-to another project, trace export, session search). Without these routes the SDK would get
+Features of the hosted service that make no sense self-hosted: billing and storage usage,
+the organisation audit log. Without these routes the SDK would get
 FastAPI's bare `{"detail": "Not Found"}` (or a 405), which reads like a wrong base URL. Each
 answers 404 (`NotOffered`) with a detail that names the feature and says why it is absent;
 never a 5xx, which the SDK would retry for minutes. The caller must still authenticate, so
@@ -19,19 +18,12 @@ from openrl_core.errors import NotOffered
 router = APIRouter(prefix="/api/v1")
 
 SELF_HOSTED = "a self-hosted OpenRL server"
-NOT_YET = "this OpenRL server yet"
 REASONS = {
     "billing": f"billing usage is not offered by {SELF_HOSTED}: nothing is metered or billed",
     "storage": f"checkpoint storage usage is not offered by {SELF_HOSTED}: nothing is billed; "
     "RestClient.list_user_checkpoints lists every checkpoint with its size_bytes",
     "audit": f"the organisation audit log is not offered by {SELF_HOSTED}: it has no organisations; "
     "every request and result is an event in its event store (`openrl events tail`)",
-    "project": f"moving a session to another project is not offered by {NOT_YET}: a session's project is set "
-    "when it is created (ServiceClient(project_id=...) or TINKER_PROJECT_ID)",
-    "trace": f"session trace export is not offered by {NOT_YET}: it builds no Perfetto traces; every event "
-    "of the session is in its event store (`openrl events tail --model <model_id>`)",
-    "search": f"session search is not offered by {NOT_YET}: RestClient.list_sessions and get_session "
-    "list a tenant's sessions with their training runs and samplers",
 }
 
 
@@ -52,18 +44,3 @@ def checkpoint_storage_usage(tenant: str = Depends(get_tenant)) -> None:
 @router.get("/audit")
 def audit_log(tenant: str = Depends(get_tenant)) -> None:
     _refuse("audit")
-
-
-@router.put("/sessions/{session_id}/project")
-def assign_session_project(session_id: str, tenant: str = Depends(get_tenant)) -> None:
-    _refuse("project")
-
-
-@router.get("/sessions/{session_id}/trace_export")
-def export_session_trace(session_id: str, tenant: str = Depends(get_tenant)) -> None:
-    _refuse("trace")
-
-
-@router.post("/sessions/search")
-def search_sessions(tenant: str = Depends(get_tenant)) -> None:
-    _refuse("search")

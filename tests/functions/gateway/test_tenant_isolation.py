@@ -37,7 +37,7 @@ NO_OBJECT_IDS = {
     ("GET", "/api/v1/billing/usage/events"): "not offered, for anyone",
     ("GET", "/api/v1/billing/usage/checkpoints/current"): "not offered, for anyone",
     ("GET", "/api/v1/audit"): "not offered, for anyone",
-    ("POST", "/api/v1/sessions/search"): "not offered, for anyone",
+    ("POST", "/api/v1/sessions/search"): "a search of the caller's own (tests/functions/gateway/test_session_rest.py)",
     ("GET", "/api/openrl/v1/runs"): "a list of the caller's own (test_lists_hold_only_the_callers_objects)",
     ("GET", "/api/openrl/v1/sessions"): "a list of the caller's own (test_lists_hold_only_the_callers_objects)",
     ("GET", "/v1/models"): "the catalogue and a list of the caller's own (test_lists_hold_only_the_callers_objects)",

@@ -13,6 +13,7 @@ from eventing.bus import EventPublisher
 from eventing.codec import Codec
 from eventing.embedded_log import EmbeddedLog
 from functions.compute.models import ModelDirectory
+from functions.trainer import optimizer
 from functions.trainer.snapshots import SnapshotStore
 from functions.trainer.worker import TrainerOptions, TrainerWorker
 from openrl_core.catalog import TINY_QWEN3, Catalog
@@ -20,19 +21,20 @@ from openrl_core.datum import Datum, DatumRecord
 from openrl_core.events import new_event
 from openrl_core.events import training as te
 from openrl_core.events.recovery import SNAPSHOT_TAKEN
-from openrl_core.params import AdamParams, LoraConfig
+from openrl_core.params import AdamParams, DimuonParams, LoraConfig, check_optimizer_config
 
 TENANT, MODEL_ID = "alice", "s1:train:0"
 
 
-def history() -> list:
-    """create, then fb/optim pairs: seq 1..10."""
+def history(family: str = "adamw") -> list:
+    """create (with the optimizer `family`), then fb/optim pairs: seq 1..10."""
     rng = np.random.default_rng(0)
     events = [
         new_event(
             te.CREATE_MODEL["requested"],
             te.CreateModelRequested(request_id="create", session_id="s1", model_id=MODEL_ID, model_seq_id=0,
-                                    base_model=TINY_QWEN3, lora_config=LoraConfig(rank=4)),  # fmt: skip
+                                    base_model=TINY_QWEN3, lora_config=LoraConfig(rank=4),
+                                    optimizer_config=check_optimizer_config({"type": family})),  # fmt: skip
             tenant=TENANT, source="/t", key=MODEL_ID,
         )
     ]  # fmt: skip
@@ -42,7 +44,11 @@ def history() -> list:
         fb = te.ForwardBackwardRequested(request_id=f"fb{seq}", model_id=MODEL_ID, seq_id=seq, loss_fn="cross_entropy",
                                          data=[DatumRecord.from_datum(datum)])  # fmt: skip
         step = te.OptimStepRequested(
-            request_id=f"op{seq + 1}", model_id=MODEL_ID, seq_id=seq + 1, adam_params=AdamParams(learning_rate=1e-2)
+            request_id=f"op{seq + 1}",
+            model_id=MODEL_ID,
+            seq_id=seq + 1,
+            adam_params=AdamParams(learning_rate=1e-2),
+            dimuon_params=DimuonParams(learning_rate=1e-2, beta1=0.8) if family == "dimuon" else None,
         )
         events.append(new_event(te.FORWARD_BACKWARD["requested"], fb, tenant=TENANT, source="/t", key=MODEL_ID))
         events.append(new_event(te.OPTIM_STEP["requested"], step, tenant=TENANT, source="/t", key=MODEL_ID))
@@ -96,8 +102,11 @@ def uninterrupted(root, events) -> tuple:
 
 
 @pytest.mark.slow
-def test_a_replacement_trainer_restores_the_snapshot_and_replays_to_bitwise_the_same_weights(tmp_path, tiny_files):
-    events = history()
+@pytest.mark.parametrize("family", ["adamw", "dimuon"])
+def test_a_replacement_trainer_restores_the_snapshot_and_replays_to_bitwise_the_same_weights(
+    tmp_path, tiny_files, family
+):
+    events = history(family)
     all_ids = ["create"] + [e.data.request_id for e in events[1:]]
 
     expected, expected_steps = uninterrupted(tmp_path / "reference", events)
@@ -122,6 +131,7 @@ def test_a_replacement_trainer_restores_the_snapshot_and_replays_to_bitwise_the_
     slot = second.worker.slots[MODEL_ID]
     assert slot.gate.next_seq == 11
     weights, steps = second.weights()
+    assert optimizer.family_of(second.worker.engine(TINY_QWEN3)._adapters[MODEL_ID].adam) == family
     assert steps == expected_steps  # no optimizer step lost or applied twice
     for name, value in expected.items():
         assert np.array_equal(weights[name], value), name  # bitwise
