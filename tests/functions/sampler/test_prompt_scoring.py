@@ -161,7 +161,11 @@ def test_asking_for_scores_changes_no_sampled_token(engine, tiny_files):
         [SampleJob(PROMPT, 2, params, prompt_alt_tokens_k=3, target_prompt_ids=ids, topk_sample_logprobs=2)]
     )[0]
     assert [s.tokens for s in scored.sequences] == [s.tokens for s in plain.sequences]
-    assert [s.logprobs for s in scored.sequences] == [s.logprobs for s in plain.sequences]
+    # Not bitwise: a scored prefill projects every prompt position through the lm_head in one
+    # matmul, whose blocking can differ in the last bit (seen at one thread) from the plain
+    # prefill's last-row projection; the draws themselves are bitwise the same.
+    for got, want in zip(scored.sequences, plain.sequences):
+        np.testing.assert_allclose(got.logprobs, want.logprobs, rtol=0, atol=1e-5)
     assert all(s.topk_logprobs is None for s in plain.sequences)
 
 

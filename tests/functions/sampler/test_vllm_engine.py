@@ -360,26 +360,6 @@ def test_an_adapter_of_higher_rank_restarts_the_engine_with_its_adapters(
         assert_close(got, want)
 
 
-@needs_vllm
-@pytest.mark.slow
-def test_full_weights_reload_matches_torch_on_the_same_weights(vllm_engine, tiny_files):
-    """Full fine-tuning: weight sync patches the torch copy; the next sample reloads vLLM's
-    whole state from it. Every weight changes, the tied embedding / lm_head included (vLLM
-    on CPU keeps a packed lm_head copy the reload alone leaves stale). Runs last: it
-    changes this module's engine's base weights."""
-    reference = SamplerEngine(tiny_files)
-    before = vllm_engine.sample([greedy(PROMPT)])[0]
-    generator = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for mine, theirs in zip(vllm_engine.model.parameters(), reference.model.parameters()):
-            mine.add_(torch.randn(mine.shape, generator=generator) * 0.05)
-            theirs.copy_(mine)
-    vllm_engine.weights_changed()
-    after = vllm_engine.sample([greedy(PROMPT)])[0]
-    assert after.sequences[0].logprobs != before.sequences[0].logprobs
-    assert_close(after, reference.sample([greedy(PROMPT)])[0])
-
-
 # ---------------------------------------------------------------------- stability records
 
 
@@ -413,3 +393,23 @@ def test_stability_records_match_torch(vllm_engine, torch_engine):
     tempered = SampleJob(PROMPT, 1, SamplingParams(max_tokens=STEPS, temperature=0.7), record_stability_info=True)
     with pytest.raises(InvalidRequest, match="needs temperature 1"):
         vllm_engine.validate(tempered)
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_full_weights_reload_matches_torch_on_the_same_weights(vllm_engine, tiny_files):
+    """Full fine-tuning: weight sync patches the torch copy; the next sample reloads vLLM's
+    whole state from it. Every weight changes, the tied embedding / lm_head included (vLLM
+    on CPU keeps a packed lm_head copy the reload alone leaves stale). Runs last: it
+    changes this module's engine's base weights."""
+    reference = SamplerEngine(tiny_files)
+    before = vllm_engine.sample([greedy(PROMPT)])[0]
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for mine, theirs in zip(vllm_engine.model.parameters(), reference.model.parameters()):
+            mine.add_(torch.randn(mine.shape, generator=generator) * 0.05)
+            theirs.copy_(mine)
+    vllm_engine.weights_changed()
+    after = vllm_engine.sample([greedy(PROMPT)])[0]
+    assert after.sequences[0].logprobs != before.sequences[0].logprobs
+    assert_close(after, reference.sample([greedy(PROMPT)])[0])
