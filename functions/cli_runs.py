@@ -24,16 +24,12 @@ from typing import Any, Optional
 
 import httpx
 
+from functions.api_error import ApiError
+
 COMMANDS = ("runs", "checkpoints", "sessions")
 API = "/api/openrl/v1"
 DEFAULT_URL = "http://127.0.0.1:8000"
 FORK_POLL = 50.0  # seconds one fork request waits on the server, under the client's 60 s timeout
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, detail: str) -> None:
-        super().__init__(detail)
-        self.status, self.detail = status, detail
 
 
 def add_commands(commands) -> None:

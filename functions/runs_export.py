@@ -77,7 +77,7 @@ def export(client, args, out, check) -> int:
     tensorboard: Optional[Path] = args.tensorboard
     jsonl: Optional[Path] = args.jsonl
     if tensorboard is None and jsonl is None:
-        from functions.cli_runs import ApiError
+        from functions.api_error import ApiError
 
         raise ApiError(400, "nothing to write: pass --tensorboard DIR and/or --jsonl FILE")
     fetched = {}

@@ -42,6 +42,7 @@ from typing import Mapping
 
 import torch
 
+from functions.trainer.grad_norm import CLIP_EPSILON, global_grad_norm
 from openrl_core.errors import InvalidRequest
 from openrl_core.params import DimuonParams
 
@@ -99,8 +100,6 @@ def direction(m_R_C: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def dimuon_step(params: Mapping[str, torch.nn.Parameter], state: DimuonState, hp: DimuonParams) -> float:
     """Apply one Dimuon update in place from the parameters' `.grad`; return the pre-clip norm."""
-    from functions.trainer.optimizer import CLIP_EPSILON, global_grad_norm
-
     names = list(params)
     grads = [params[n].grad if params[n].grad is not None else torch.zeros_like(params[n]) for n in names]
     grad_norm = global_grad_norm(grads)

@@ -39,16 +39,16 @@ from safetensors.torch import load as load_safetensors
 
 from functions.trainer import dimuon, tensor_files
 from functions.trainer.dimuon import DimuonState
+from functions.trainer.grad_norm import CLIP_EPSILON, global_grad_norm
 from openrl_core.errors import InvalidRequest
 from openrl_core.params import ADAMW, DIMUON, AdamParams, DimuonParams
 
 STATE_TENSORS = "optimizer.safetensors"
 STATE_META = "optimizer.json"
 STATE_FORMAT = "openrl.adamw.v1"
+
+
 # torch.nn.utils.clip_grad_norm_ adds this to the norm before dividing; kept for parity.
-CLIP_EPSILON = 1e-6
-
-
 @dataclass
 class AdamState:
     """Moments keyed like the adapter's parameters (PEFT key names)."""
@@ -80,14 +80,6 @@ def fresh_state(params: Mapping[str, torch.nn.Parameter], family: str = ADAMW) -
         exp_avg={name: torch.zeros_like(p, memory_format=torch.contiguous_format) for name, p in params.items()},
         exp_avg_sq={name: torch.zeros_like(p, memory_format=torch.contiguous_format) for name, p in params.items()},
     )
-
-
-def global_grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    if not grads:
-        return torch.zeros(())
-    # One norm per tensor, as torch.nn.utils.clip_grad_norm_ takes them on CPU (its
-    # `_foreach_norm` path rounds differently on large tensors).
-    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
 
 
 @torch.no_grad()
