@@ -1,0 +1,114 @@
+"""The projector's request tracer (functions/request_traces.py) over a real SQLite event store,
+posting to a real OTLP/HTTP receiver on loopback: a failed request's trace carries an error
+status and one `worker (queued and run)` child where the worker recorded no start; an
+endpoint that is stuck never slows `observe` (the projector's side) nor keeps stop waiting
+past the exporter's timeout; a full queue drops traces and counts them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from opentelemetry.proto.trace.v1.trace_pb2 import Status
+
+from eventing.blobs import BlobStore
+from eventing.codec import Codec
+from eventing.store import database
+from eventing.store.event_store import EventStore
+from functions import request_traces
+from functions.request_traces import RequestTracer, traces_url
+from openrl_core import request_spans
+from openrl_core.events import training
+from openrl_core.events.base import new_event
+from openrl_core.events.lifecycle import RequestFailed
+from openrl_core.events.training import OptimStepRequested
+from openrl_core.params import AdamParams
+from tests.functions.otlp_receiver import Receiver, attributes
+
+
+@pytest.fixture
+def store(tmp_path):
+    engine = database.make_engine(f"sqlite:///{tmp_path / 'events.db'}")
+    database.upgrade(engine)
+    yield EventStore(engine, Codec(BlobStore(tmp_path / "blobs")))
+    engine.dispose()
+
+
+def failed_optim_step(store: EventStore, request_id: str):
+    """A request the gateway stored and a worker failed; returns the stored terminal event."""
+    requested = OptimStepRequested(request_id=request_id, model_id="m1", seq_id=1, adam_params=AdamParams())
+    store.append(new_event(training.OPTIM_STEP["requested"], requested, tenant="alice", source="/openrl/gateway",
+                           key="m1", subject=request_id))  # fmt: skip
+    failed = new_event(training.OPTIM_STEP["failed"], RequestFailed(request_id=request_id, error="bad lr", category="user"),
+                       tenant="alice", source="/openrl/trainer", key="m1", subject=request_id, lease=3)  # fmt: skip
+    store.append_batch([(failed, None)])
+    return requested, failed
+
+
+def running(tracer: RequestTracer):
+    stop = threading.Event()
+    thread = threading.Thread(target=tracer.run, args=(stop,), daemon=True)
+    thread.start()
+    return stop, thread
+
+
+def test_endpoint_url():
+    assert traces_url("http://collector:4318") == "http://collector:4318/v1/traces"
+    assert traces_url("http://collector:4318/") == "http://collector:4318/v1/traces"
+    assert traces_url("https://x.example/otlp/v1/traces") == "https://x.example/otlp/v1/traces"
+
+
+def test_a_failed_request_without_a_start(store):
+    receiver = Receiver()
+    try:
+        _, failed = failed_optim_step(store, "req-f")
+        tracer = RequestTracer(store, receiver.url, "svc")
+        stop, thread = running(tracer)
+        tracer.observe([failed])
+        trace_id = request_spans.trace_id_of("req-f").to_bytes(16, "big")
+        assert receiver.wait_for(lambda: len([s for _, s in receiver.spans if s.trace_id == trace_id]) == 3)
+        stop.set()
+        thread.join(10)
+    finally:
+        receiver.close()
+    spans = {span.name: span for _, span in receiver.spans}
+    assert set(spans) == {"optim_step", "worker (queued and run)", "projector (store)"}
+    root = spans["optim_step"]
+    assert root.status.code == Status.STATUS_CODE_ERROR and root.status.message == "user: bad lr"
+    assert spans["worker (queued and run)"].status.code == Status.STATUS_CODE_UNSET
+    assert spans["worker (queued and run)"].end_time_unix_nano == round(failed.time.timestamp() * 1e6) * 1000
+    assert attributes(root)["openrl.outcome"] == "failed" and attributes(root)["openrl.lease_id"] == 3
+
+
+def test_a_stuck_endpoint_never_holds_the_projector(store, monkeypatch):
+    monkeypatch.setattr(request_traces, "EXPORT_TIMEOUT_S", 1.0)
+    receiver = Receiver(hang_s=60)
+    try:
+        _, failed = failed_optim_step(store, "req-s")
+        tracer = RequestTracer(store, receiver.url, "svc")
+        stop, thread = running(tracer)
+        began = time.perf_counter()
+        for _ in range(200):
+            tracer.observe([failed])  # the projector's side: a filter and a queue put
+        observed_s = time.perf_counter() - began
+        assert receiver.wait_for(lambda: receiver.posts >= 1, timeout=10), "the exporter posted and is now held"
+        tracer.observe([failed])
+        assert observed_s < 0.5, observed_s
+        began = time.perf_counter()
+        stop.set()
+        thread.join(request_traces.EXPORT_TIMEOUT_S * 3 + 5)
+        assert not thread.is_alive(), "stop waits for the exporter's timeout, not for the endpoint"
+        assert time.perf_counter() - began < request_traces.EXPORT_TIMEOUT_S * 3 + 5
+    finally:
+        receiver.close()
+
+
+def test_a_full_queue_drops_and_counts(store, monkeypatch):
+    monkeypatch.setattr(request_traces, "QUEUE_LIMIT", 2)
+    _, failed = failed_optim_step(store, "req-q")
+    tracer = RequestTracer(store, "http://127.0.0.1:9/v1/traces", "svc")  # never run: nothing drains
+    tracer.observe([failed, failed, failed, failed])
+    assert tracer.dropped == 2
+    tracer.provider.shutdown()
