@@ -112,3 +112,52 @@ def test_a_full_queue_drops_and_counts(store, monkeypatch):
     tracer.observe([failed, failed, failed, failed])
     assert tracer.dropped == 2
     tracer.provider.shutdown()
+
+
+def test_the_knative_projector_function_traces_what_it_stores(tmp_path, monkeypatch):
+    """`openrl function projector` under func-python, fed as a KafkaSource delivers (each
+    event once, then two again): one trace per finished request, at the events' own times;
+    the redeliveries store nothing and export nothing again."""
+    from tests.functions.audit.scenario import Stream
+    from tests.functions.test_kafkasource_delivery import Served, kafka_source_deliveries, post_all, realistic
+
+    monkeypatch.delenv("OPENRL_OTEL_ENDPOINT", raising=False)
+    events = realistic(Stream("alice"))
+    by_subject = {}
+    for event in events:
+        by_subject.setdefault(event.subject, {})[event.type.split(".")[4]] = event
+    receiver = Receiver()
+    served = Served("projector", tmp_path, OPENRL_DATABASE_URL=f"sqlite:///{tmp_path / 'events.db'}",
+                    OPENRL_OTEL_ENDPOINT=receiver.url)  # fmt: skip
+    try:
+        answers = post_all(served.url, kafka_source_deliveries(Codec(BlobStore(tmp_path / "blobs")), events))
+        assert [a.status_code for a in answers] == [200] * (len(events) + 2)
+        assert receiver.wait_for(lambda: len(receiver.spans) >= 6)
+    finally:
+        served.stop()
+        receiver.close()
+    for request_id in ("req-create", "req-fb"):
+        trace_id = request_spans.trace_id_of(request_id).to_bytes(16, "big")
+        spans = {span.name: span for _, span in receiver.spans if span.trace_id == trace_id}
+        verb = by_subject[request_id]["requested"].type.split(".")[3]
+        assert set(spans) == {verb, "worker (queued and run)", "projector (store)"}, spans
+        nanos = {phase: round(e.time.timestamp() * 1e6) * 1000 for phase, e in by_subject[request_id].items()}
+        assert spans[verb].start_time_unix_nano == nanos["requested"]
+        assert spans["worker (queued and run)"].end_time_unix_nano == nanos["completed"]
+    assert len(receiver.spans) == 6, "the redelivered events exported nothing again"
+
+
+def test_the_setting(monkeypatch):
+    from pydantic import ValidationError
+
+    from openrl_core.settings import Settings
+
+    monkeypatch.delenv("OPENRL_OTEL_ENDPOINT", raising=False)
+    assert Settings().otel_endpoint is None  # off by default
+    monkeypatch.setenv("OPENRL_OTEL_ENDPOINT", "")
+    assert Settings().otel_endpoint is None  # set but empty is off too
+    monkeypatch.setenv("OPENRL_OTEL_ENDPOINT", "http://collector:4318")
+    assert Settings().otel_endpoint == "http://collector:4318"
+    monkeypatch.setenv("OPENRL_OTEL_ENDPOINT", "collector:4318")
+    with pytest.raises(ValidationError, match="http:// or https:// URL"):
+        Settings()
