@@ -9,7 +9,8 @@ and once a request's terminal event is stored its trace is built from its stored
 `worker (run)`, `projector (store)`) with trace and span ids derived from the request id.
 
 Off the projector's hot path, and never a cause of its failure: `observe` only filters and
-puts on a bounded queue (a full queue drops the request's trace and counts it); the store
+puts the stored batch on a bounded queue, one put per batch (a full queue drops the batch's
+traces and counts them); the store
 read, the span building and the export run on this loop's own thread, and the SDK's batch
 processor posts to the endpoint from another, with a timeout, dropping what an endpoint that
 is down cannot take. A redelivered terminal event is observed again and re-exports the same
@@ -25,7 +26,6 @@ import logging
 import queue
 import threading
 from datetime import datetime, timezone
-from typing import Iterable
 from urllib.parse import urlparse
 
 from opentelemetry import context as otel_context
@@ -44,7 +44,7 @@ from openrl_core import request_spans, session_trace
 from openrl_core.events.base import Event
 
 log = logging.getLogger(__name__)
-QUEUE_LIMIT = 10_000  # terminal events waiting for their trace; past it, traces are dropped
+QUEUE_LIMIT = 1_000  # stored batches (up to 256 events each) waiting; past it, their traces are dropped
 EXPORT_TIMEOUT_S = 5.0
 SCHEDULE_DELAY_MS = 1000  # how long finished spans wait to be posted together
 
@@ -68,6 +68,10 @@ class _DerivedIds(IdGenerator):
         return self.next[1]
 
 
+def _terminal(event: Event) -> bool:
+    return event.subject is not None and event.type.split(".")[4:5] in (["completed"], ["failed"])
+
+
 def _nanos(moment: datetime) -> int:
     return session_trace.micros(moment) * 1000  # exact: the store keeps microseconds
 
@@ -77,7 +81,8 @@ class RequestTracer:
 
     def __init__(self, store: EventStore, endpoint: str, service_name: str = "openrl") -> None:
         self.reads = SessionTrace(store)
-        self.dropped = 0
+        self.dropped = 0  # terminal events whose trace was dropped (the queue was full)
+        self._dropped_batches = 0
         self.exported = 0
         self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_LIMIT)  # read when built: tests lower it
         self._ids = _DerivedIds()
@@ -92,19 +97,17 @@ class RequestTracer:
     def from_settings(cls, settings, store: EventStore) -> "RequestTracer":
         return cls(store, settings.otel_endpoint, settings.otel_service_name)
 
-    def observe(self, events: Iterable[Event]) -> None:
-        """Called by the projector after its store committed `events`; never blocks or raises."""
+    def observe(self, events: list[Event]) -> None:
+        """Called by the projector after its store committed `events` (a list it no longer
+        changes); never blocks or raises. One queue put per batch: the filtering is done on
+        the tracer's thread."""
         try:
-            stored = datetime.now(timezone.utc)
-            for event in events:
-                if event.subject is None or event.type.split(".")[4:5] not in (["completed"], ["failed"]):
-                    continue
-                try:
-                    self._queue.put_nowait((event, stored))
-                except queue.Full:
-                    self.dropped += 1
-                    if self.dropped == 1 or self.dropped % 1000 == 0:
-                        log.warning("otel: %d request traces dropped (the export falls behind)", self.dropped)
+            self._queue.put_nowait((events, datetime.now(timezone.utc)))
+        except queue.Full:
+            self.dropped += sum(1 for event in events if _terminal(event))
+            self._dropped_batches += 1
+            if self._dropped_batches == 1 or self._dropped_batches % 1000 == 0:
+                log.warning("otel: %d request traces dropped (the export falls behind)", self.dropped)
         except Exception:  # a trace is never worth a projection
             log.exception("otel: observing a stored batch failed")
 
@@ -119,9 +122,13 @@ class RequestTracer:
     def _export_waiting(self, timeout: float) -> None:
         batch = []
         try:
-            batch.append(self._queue.get(timeout=timeout) if timeout else self._queue.get_nowait())
-            while len(batch) < 512:
-                batch.append(self._queue.get_nowait())
+            item = self._queue.get(timeout=timeout) if timeout else self._queue.get_nowait()
+            while True:
+                events, stored = item
+                batch.extend((event, stored) for event in events if _terminal(event))
+                if len(batch) >= 512:
+                    break
+                item = self._queue.get_nowait()
         except queue.Empty:
             pass
         if batch:

@@ -37,10 +37,11 @@ def store(tmp_path):
 
 
 def failed_optim_step(store: EventStore, request_id: str):
-    """A request the gateway stored and a worker failed; returns the stored terminal event."""
-    requested = OptimStepRequested(request_id=request_id, model_id="m1", seq_id=1, adam_params=AdamParams())
-    store.append(new_event(training.OPTIM_STEP["requested"], requested, tenant="alice", source="/openrl/gateway",
-                           key="m1", subject=request_id))  # fmt: skip
+    """A request the gateway stored and a worker failed; returns both stored events."""
+    payload = OptimStepRequested(request_id=request_id, model_id="m1", seq_id=1, adam_params=AdamParams())
+    requested = new_event(training.OPTIM_STEP["requested"], payload, tenant="alice", source="/openrl/gateway",
+                          key="m1", subject=request_id)  # fmt: skip
+    store.append(requested)
     failed = new_event(training.OPTIM_STEP["failed"], RequestFailed(request_id=request_id, error="bad lr", category="user"),
                        tenant="alice", source="/openrl/trainer", key="m1", subject=request_id, lease=3)  # fmt: skip
     store.append_batch([(failed, None)])
@@ -107,10 +108,11 @@ def test_a_stuck_endpoint_never_holds_the_projector(store, monkeypatch):
 
 def test_a_full_queue_drops_and_counts(store, monkeypatch):
     monkeypatch.setattr(request_traces, "QUEUE_LIMIT", 2)
-    _, failed = failed_optim_step(store, "req-q")
+    requested_event, failed = failed_optim_step(store, "req-q")
     tracer = RequestTracer(store, "http://127.0.0.1:9/v1/traces", "svc")  # never run: nothing drains
-    tracer.observe([failed, failed, failed, failed])
-    assert tracer.dropped == 2
+    for _ in range(4):
+        tracer.observe([failed, requested_event])
+    assert tracer.dropped == 2  # two batches past the limit, one terminal event each
     tracer.provider.shutdown()
 
 
