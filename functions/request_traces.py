@@ -90,7 +90,9 @@ class RequestTracer:
             resource=Resource.create({"service.name": service_name}), id_generator=self._ids, sampler=ALWAYS_ON
         )
         exporter = OTLPSpanExporter(endpoint=traces_url(endpoint), timeout=EXPORT_TIMEOUT_S)
-        self.provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=SCHEDULE_DELAY_MS))
+        # Four spans a request: the SDK's default queue (2048 spans) would drop a burst of 512.
+        processor = BatchSpanProcessor(exporter, max_queue_size=16_384, schedule_delay_millis=SCHEDULE_DELAY_MS)
+        self.provider.add_span_processor(processor)
         self.tracer = self.provider.get_tracer("openrl.projector")
 
     @classmethod
@@ -115,7 +117,8 @@ class RequestTracer:
         try:
             while not stop.is_set():
                 self._export_waiting(timeout=0.5)
-            self._export_waiting(timeout=0)
+            while not self._queue.empty():  # what the projector stored before it stopped
+                self._export_waiting(timeout=0)
         finally:
             self.provider.shutdown()  # posts what is buffered, within the exporter's timeout
 

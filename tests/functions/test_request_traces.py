@@ -163,3 +163,31 @@ def test_the_setting(monkeypatch):
     monkeypatch.setenv("OPENRL_OTEL_ENDPOINT", "collector:4318")
     with pytest.raises(ValidationError, match="http:// or https:// URL"):
         Settings()
+
+
+def test_stopping_exports_everything_the_projector_had_stored(store):
+    """Three stored batches of 256 finished requests, then stop at once: every trace is posted
+    (more than one drain's worth, and more spans than the SDK's default queue holds)."""
+    from openrl_core.events.lifecycle import RequestCompleted
+
+    batches = []
+    for b in range(3):
+        ids = [f"req-{b}-{i}" for i in range(256)]
+        requested = [new_event(training.OPTIM_STEP["requested"], OptimStepRequested(request_id=r, model_id="m1", seq_id=1,
+                     adam_params=AdamParams()), tenant="alice", source="/g", key="m1", subject=r) for r in ids]  # fmt: skip
+        completed = [new_event(training.OPTIM_STEP["completed"], RequestCompleted(request_id=r, result={}),
+                               tenant="alice", source="/w", key="m1", subject=r) for r in ids]  # fmt: skip
+        store.append_batch([(event, None) for event in requested + completed])
+        batches.append(completed)
+    receiver = Receiver()
+    try:
+        tracer = RequestTracer(store, receiver.url, "svc")
+        for completed in batches:
+            tracer.observe(completed)
+        stop = threading.Event()
+        stop.set()
+        tracer.run(stop)  # drains the queue, then the SDK posts what it holds
+        roots = {span.trace_id for _, span in receiver.spans if not span.parent_span_id}
+    finally:
+        receiver.close()
+    assert tracer.exported == 768 and len(roots) == 768 and len(receiver.spans) == 3 * 768
