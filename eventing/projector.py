@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Optional
+from typing import Callable, Optional
 
 from eventing import topics
 from eventing.bus import EventBus
@@ -31,8 +31,12 @@ class Projector:
         notifier,
         group: str = "openrl-projector",
         instance_id: Optional[str] = None,
+        observer: Optional[Callable[[list], None]] = None,
     ) -> None:
         self.store = store
+        # Told of every stored batch, after the commit (the optional OpenTelemetry traces,
+        # functions/request_traces.py); it must not block, and what it raises is only logged.
+        self.observer = observer
         self.notifier = notifier
         self.consumer = bus.consumer(group, pattern=topics.pattern("completions"), instance_id=instance_id)
         self._unstored: list = []  # a polled batch the store has not taken yet
@@ -60,6 +64,11 @@ class Projector:
             # The finished rows go along: a gateway in another process answers from them.
             self.notifier.notify(woken, rows=self.store.finished.peek_many(woken))
             self.consumer.commit(wait=False)
+            if self.observer is not None and events:
+                try:
+                    self.observer(events)
+                except Exception:
+                    log.exception("projector: observer failed; the batch is stored")
         return len(records)
 
     def run(self, stop: threading.Event) -> None:

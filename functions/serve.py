@@ -101,9 +101,18 @@ class Node:
                 )  # fmt: skip
                 self._loops.append(("collector", CollectorLoop(collector, settings.blob_collector_seconds)))
         if "projector" in self.roles:
-            self._loops.append(
-                ("projector", Projector(rt.bus, rt.store, rt.notifier, instance_id=self._instance_id("projector")))
-            )
+            tracer = None
+            if settings.otel_endpoint:  # only then is OpenTelemetry's SDK imported
+                from functions.request_traces import RequestTracer
+
+                tracer = RequestTracer.from_settings(settings, rt.store)
+            projector = Projector(
+                rt.bus, rt.store, rt.notifier, instance_id=self._instance_id("projector"),
+                observer=tracer.observe if tracer is not None else None,
+            )  # fmt: skip
+            self._loops.append(("projector", projector))
+            if tracer is not None:
+                self._loops.append(("otel", tracer))
             if "gateway" in self.roles and settings.bus == "embedded":
                 # One process writes every future here (the embedded log has no other), so a
                 # future its store committed unfinished and has not seen finish is running:

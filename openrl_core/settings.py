@@ -201,6 +201,15 @@ class Settings(BaseSettings):
     metrics_rate_window_seconds: float = Field(
         60.0, gt=0, description="metrics: the trailing window that the tokens-per-second gauges average over"
     )
+    otel_endpoint: Optional[str] = Field(
+        None,
+        description="OTLP/HTTP endpoint (e.g. http://collector:4318, or its full /v1/traces URL) the projector exports one "
+        "OpenTelemetry trace per finished request to, built from the request's stored events (queued, run, store); "
+        "unset (the default): no trace is built and OpenTelemetry's SDK is never imported",
+    )
+    otel_service_name: str = Field(
+        "openrl", min_length=1, description="the `service.name` resource attribute of the exported traces"
+    )
 
     # -- shared accelerators: the node's timeslicer, full fine-tuning, delta sync -----------
     timeslicer_socket: Optional[Path] = Field(
@@ -386,6 +395,15 @@ class Settings(BaseSettings):
     scheduler_timeslicer_port: int = Field(
         9465, ge=1, le=65535, description="HTTP port of the node timeslicers whose /status the scheduler reads"
     )
+
+    @field_validator("otel_endpoint", mode="before")
+    @classmethod
+    def _check_otel_endpoint(cls, value):
+        if value == "":  # OPENRL_OTEL_ENDPOINT= (set but empty) is off, as unset is
+            return None
+        if isinstance(value, str) and not value.startswith(("http://", "https://")):
+            raise ValueError(f"otel_endpoint must be an http:// or https:// URL, not {value!r}")
+        return value
 
     @field_validator("accelerator_memory", mode="before")
     @classmethod

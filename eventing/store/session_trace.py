@@ -89,20 +89,37 @@ class SessionTrace:
             for start in range(0, len(wanted), CHUNK):
                 chunk = wanted[start : start + CHUNK]
                 query = select(t.events).where(e.tenant == tenant, e.key.in_(chunk))
-                for row in conn.execute(query):
-                    completed = row.type.rsplit(".", 2)[-2] == "completed" and row.subject is not None
-                    out.append(
-                        StoredEnvelope(
-                            position=int(row.position),
-                            type=row.type,
-                            source=row.source,
-                            key=row.key,
-                            subject=row.subject,
-                            time=utc(row.time),
-                            lease_id=row.lease_id,
-                            fenced=bool(row.fenced),
-                            started=_started_of(self.store, row) if completed else None,
-                        )
-                    )
+                out.extend(self._envelope(row) for row in conn.execute(query))
         out.sort(key=lambda envelope: envelope.position)
         return out
+
+    def request_envelopes(self, tenant: str, requests: dict[str, set[str]]) -> list[StoredEnvelope]:
+        """The stored events of the given requests (key -> request ids), in store order: what
+        one request's OpenTelemetry trace is built from (functions/request_traces.py). Read by
+        key (indexed) and subject, so a request's events keyed elsewhere are not found."""
+        e = t.events.c
+        out: list[StoredEnvelope] = []
+        with self.engine.connect() as conn:
+            for key, subjects in requests.items():
+                wanted = sorted(subjects)
+                for start in range(0, len(wanted), CHUNK):
+                    query = select(t.events).where(
+                        e.tenant == tenant, e.key == key, e.subject.in_(wanted[start : start + CHUNK])
+                    )
+                    out.extend(self._envelope(row) for row in conn.execute(query))
+        out.sort(key=lambda envelope: envelope.position)
+        return out
+
+    def _envelope(self, row) -> StoredEnvelope:
+        completed = row.type.rsplit(".", 2)[-2] == "completed" and row.subject is not None
+        return StoredEnvelope(
+            position=int(row.position),
+            type=row.type,
+            source=row.source,
+            key=row.key,
+            subject=row.subject,
+            time=utc(row.time),
+            lease_id=row.lease_id,
+            fenced=bool(row.fenced),
+            started=_started_of(self.store, row) if completed else None,
+        )

@@ -13,6 +13,7 @@ source never redelivers one forever; an event that cannot be stored is a 5xx, re
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Optional
 
 from eventing.blobs import BlobStore
@@ -30,6 +31,9 @@ class ProjectorFunction:
         self.store = store
         self.notifier = notifier
         self._engine = None
+        self.tracer = None  # the optional OpenTelemetry traces (otel_endpoint), on a thread of their own
+        self._tracer_stop = threading.Event()
+        self._tracer_thread: Optional[threading.Thread] = None
 
     def start(self, cfg: dict) -> None:
         settings = asgi.settings_from(cfg)
@@ -45,8 +49,17 @@ class ProjectorFunction:
             self.store.announce_runs()  # the gateways' kept runs (eventing/store/known_runs.py)
         else:
             self.notifier = LocalNotifier()
+        if settings.otel_endpoint:  # only then is OpenTelemetry's SDK imported
+            from functions.request_traces import RequestTracer
+
+            self.tracer = RequestTracer.from_settings(settings, self.store)
+            self._tracer_thread = threading.Thread(target=self.tracer.run, args=(self._tracer_stop,), daemon=True)
+            self._tracer_thread.start()
 
     def stop(self) -> None:
+        if self._tracer_thread is not None:
+            self._tracer_stop.set()
+            self._tracer_thread.join(timeout=30)
         if self.notifier is not None and hasattr(self.notifier, "close"):
             self.notifier.close()
         if self._engine is not None:
@@ -77,6 +90,8 @@ class ProjectorFunction:
         if appended.stored and request_id:
             # Its row goes along if finished: the gateways answer from it (eventing/pg_notify.py).
             await asyncio.to_thread(self.notifier.notify, [request_id], self.store.finished.peek_many([request_id]))
+        if appended.stored and self.tracer is not None:
+            self.tracer.observe([event])  # never blocks: the trace is built on the tracer's thread
         await asgi.respond_json(send, 200, {"id": event.id, "stored": bool(appended.stored)})
 
 
