@@ -35,7 +35,8 @@ from openrl_core.events import Event
 
 # Every table folded from events. The outbox (in flight) and api_keys (configuration) are not.
 PROJECTED = (
-    "sessions", "training_runs", "run_steps", "checkpoints", "sampling_sessions", "futures", "submissions", "lease_fences",
+    "sessions", "training_runs", "run_steps", "checkpoints", "removed_checkpoints", "sampling_sessions", "futures",
+    "submissions", "lease_fences",
 )  # fmt: skip
 
 

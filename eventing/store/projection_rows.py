@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any, Callable, Optional, Protocol, Union, cast
 
 from eventing.store.unit_of_work import Rows
+from openrl_core.billing import prefill_tokens, sampled_tokens
 from openrl_core.events import Event
 from openrl_core.events import checkpoints as checkpoint_events
 from openrl_core.events import training as training_events
@@ -83,6 +84,7 @@ def fold_future(rows: Rows, event: Event) -> Optional[FutureState]:
             state=evolve(None, phase).value,
             created_at=event.time,
             tokens=request_tokens(data),
+            prefill_tokens=prefill_tokens(data),
         )
         return FutureState.PENDING
     before = STATES[row["state"]]
@@ -92,6 +94,8 @@ def fold_future(rows: Rows, event: Event) -> Optional[FutureState]:
     values: dict = {"state": after.value}
     if isinstance(event.data, RequestCompleted):
         values.update(result=event.data.result, completed_at=event.time)
+        if row["kind"] == "sample":
+            values["sampled_tokens"] = sampled_tokens(event.data.result)
     elif isinstance(event.data, RequestFailed):
         values.update(error=event.data.error, category=event.data.category, completed_at=event.time)
     rows.update("futures", (request_id,), **values)
@@ -123,12 +127,12 @@ def insert_run(rows: Rows, event: Event, model_id: str, state: str = "creating")
 
 
 def upsert_checkpoint(rows: Rows, event: Event, saved: CheckpointSaved) -> None:
-    put_checkpoint(rows, event.tenant, saved, event.time)
+    put_checkpoint(rows, event.tenant, saved, event.time, event.id)
     column = "last_checkpoint" if CHECKPOINT_TYPE[saved.kind] == "training" else "last_sampler_checkpoint"
     touch_run(rows, saved.run_id, event.time, **{column: saved.checkpoint_id})
 
 
-def put_checkpoint(rows: Rows, tenant: str, saved: CheckpointSaved, when: datetime) -> None:
+def put_checkpoint(rows: Rows, tenant: str, saved: CheckpointSaved, when: datetime, event_id: str) -> None:
     """Insert the record, or replace a same-named one's content (its public flag stays)."""
     values: dict[str, Any] = dict(
         tenant=tenant,
@@ -140,7 +144,29 @@ def put_checkpoint(rows: Rows, tenant: str, saved: CheckpointSaved, when: dateti
         expires_at=saved.expires_at,
         user_metadata=saved.user_metadata,
     )
-    if rows.get("checkpoints", saved.run_id, saved.checkpoint_id) is None:
+    existing = rows.get("checkpoints", saved.run_id, saved.checkpoint_id)
+    if existing is None:
         rows.insert("checkpoints", run_id=saved.run_id, checkpoint_id=saved.checkpoint_id, public=False, **values)
     else:
+        record_removal(rows, existing, when, event_id)  # the replaced content stopped being stored now
         rows.update("checkpoints", (saved.run_id, saved.checkpoint_id), **values)
+
+
+def record_removal(rows: Rows, row: dict, when: datetime, event_id: str) -> None:
+    """Keep a checkpoint's stored interval as it leaves `checkpoints` (deleted, expired or
+    replaced), for billing's storage: from its save until `when`, or its expiry if earlier.
+    Keyed by the removing event's id: one event removes at most one checkpoint."""
+    expires = row["expires_at"]
+    until = min(when, expires) if expires is not None else when
+    if until < row["created_at"]:
+        until = row["created_at"]
+    rows.insert(
+        "removed_checkpoints",
+        removed_by=event_id,
+        tenant=row["tenant"],
+        run_id=row["run_id"],
+        checkpoint_id=row["checkpoint_id"],
+        saved_at=row["created_at"],
+        removed_at=until,
+        size_bytes=row["size_bytes"],
+    )

@@ -18,6 +18,7 @@ from eventing.store.projection_rows import (
     handles,
     insert_run,
     put_checkpoint,
+    record_removal,
     touch_run,
     upsert_checkpoint,
 )
@@ -218,7 +219,7 @@ def _exported(rows: Rows, event: Event) -> None:
     data = cast(RequestCompleted, event.data)
     if fold_future(rows, event) in (None, FutureState.CANCELLED) or data.checkpoint is None:
         return
-    put_checkpoint(rows, event.tenant, data.checkpoint, event.time)
+    put_checkpoint(rows, event.tenant, data.checkpoint, event.time, event.id)
     touch_run(rows, data.checkpoint.run_id, event.time)
 
 
@@ -246,6 +247,7 @@ def _checkpoint_removed(rows: Rows, event: Event) -> None:
         # The owner moved the expiry (or saved anew) after the reaper looked: not expired.
         return
     kind = row["kind"]
+    record_removal(rows, row, event.time, event.id)
     rows.delete("checkpoints", (data.run_id, data.checkpoint_id))
     _refresh_last(rows, data.run_id, kind)
 
@@ -283,7 +285,7 @@ def _checkpoint_copied(rows: Rows, event: Event) -> None:
     if rows.get("training_runs", saved.run_id) is None:
         # Not "ready": nothing trains a copy's run (no trainer ever created its adapter).
         insert_run(rows, event, saved.run_id, state="frozen")
-    put_checkpoint(rows, event.tenant, saved, event.time)
+    put_checkpoint(rows, event.tenant, saved, event.time, event.id)
     _refresh_last(rows, saved.run_id, saved.kind)
 
 

@@ -28,6 +28,7 @@ TABLES = {
         t.training_runs,
         t.run_steps,
         t.checkpoints,
+        t.removed_checkpoints,
         t.sampling_sessions,
         t.futures,
         t.submissions,

@@ -100,6 +100,11 @@ futures = Table(
     # What the request is charged against its tenant's token quotas (openrl_core.quotas):
     # a forward_backward's datum tokens, a sample's prompt + max_tokens x num_samples.
     Column("tokens", BigInteger),
+    # What billing usage counts (openrl_core.billing): a sample's prompt tokens, set with the
+    # request, and the tokens its completion returned over every sequence. A forward_backward's
+    # training tokens are `tokens` itself.
+    Column("prefill_tokens", BigInteger),
+    Column("sampled_tokens", BigInteger),
     Index(None, "tenant", "session_id"),
     # The quota reads: a tenant's unfinished futures (as many as its in-flight limit lets
     # it have), and its futures of the last minute (the sampling window).
@@ -110,6 +115,8 @@ futures = Table(
     # The tenant leads, so SQLite (which plans without statistics) prefers this index to
     # (tenant, state) where a read names all three.
     Index(None, "tenant", "model_id", "state"),
+    # Billing usage reads a tenant's futures by the hour they completed in.
+    Index(None, "tenant", "completed_at"),
 )
 
 sessions = Table(
@@ -194,6 +201,25 @@ checkpoints = Table(
     # checkpoints, and read every checkpoint of the tenant.
     Index(None, "tenant", "run_id"),
     Index(None, "expires_at"),  # the reaper's sweep (`Projections.expired_checkpoints`), every minute
+)
+
+# The stored intervals of checkpoints that are gone: deleted, expired, or replaced by a
+# same-named save. A checkpoint's row leaves `checkpoints` then, and with it the time it was
+# saved; billing's storage gigabyte-hours integrate over these intervals too, so the usage
+# of an hour does not shrink when a checkpoint stored in it is deleted later.
+removed_checkpoints = Table(
+    "removed_checkpoints",
+    metadata,
+    # The id of the event that removed it (one event removes at most one checkpoint).
+    Column("removed_by", String(64), primary_key=True),
+    Column("tenant", String(64), nullable=False),
+    Column("run_id", String(200), nullable=False),
+    Column("checkpoint_id", String(300), nullable=False),
+    Column("saved_at", DateTime(timezone=True), nullable=False),
+    # When it stopped being stored: the removal, or its expires_at if that came first.
+    Column("removed_at", DateTime(timezone=True), nullable=False),
+    Column("size_bytes", BigInteger, nullable=False),
+    Index(None, "tenant", "removed_at"),
 )
 
 sampling_sessions = Table(

@@ -27,7 +27,7 @@ from collections import deque
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
-from functions.audit.entries import entry_for
+from openrl_core.audit_entries import entry_for
 from openrl_core.errors import InvalidRequest
 from openrl_core.events import Event
 from openrl_core.ids import check_tenant_name

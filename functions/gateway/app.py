@@ -23,6 +23,7 @@ from functions.gateway.body_limit import BodyLimit
 from functions.gateway.context import GatewayContext
 from functions.gateway.fast_lane import GatewayApp
 from functions.gateway.routes import (
+    admin,
     checkpoints,
     client,
     dashboard,
@@ -39,7 +40,6 @@ from functions.gateway.routes import (
     session_rest,
     sessions,
     training,
-    unsupported,
 )
 
 log = logging.getLogger(__name__)
@@ -57,13 +57,12 @@ def create_app(ctx: GatewayContext) -> FastAPI:
     errors.install(app)
     for module in (client, sessions, models, training, sampling, futures):
         app.include_router(module.router)
-    for module in (runs, checkpoints, downloads, session_rest):
+    for module in (runs, checkpoints, downloads, session_rest, admin):
         app.include_router(module.router)
     app.include_router(openai_compat.router)  # /v1: the OpenAI-compatible endpoint
     # OpenRL's own API, /api/openrl/v1 (the `openrl runs` CLI), and the dashboard page over it
     for module in (openrl_runs, openrl_forks, openrl_store, openrl_live, openrl_timeline, dashboard):
         app.include_router(module.router)
-    app.include_router(unsupported.router)  # Tinker endpoints a self-hosted server refuses, with reasons
     openapi.install(app)  # /openapi.json: every route's real bodies and statuses
     app.enable_fast_lane()  # last: it reads the finished route table
     return app

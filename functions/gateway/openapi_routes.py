@@ -114,7 +114,16 @@ RUN_EVENTS = sse(
     {"type": "string", "contentMediaType": "application/json", "contentSchema": RUN_EVENT},
     "one stored event of the run each",
 )
-NOT_OFFERED = Doc(errors=(404,), never_ok=True, store=False)
+# The AdminClient's parameters. A billing window's other rules (starting_on not in the
+# future, ending_before after it and within 14 days) join two parameters and the clock, which
+# no schema says: the fuzz run sends a fixed valid window (tests/functions/gateway/test_api_fuzz.py).
+AUDIT_PARAMS = {
+    "event_type": {"type": "string", "enum": ["all", "checkpoints", "projects", "teams", "organizations"]},
+    "day": {"type": "string", "format": "date", "pattern": r"^\d{4}-\d{2}-\d{2}$"},
+}
+HOUR = {"type": "string", "format": "date-time", "pattern": r"^\d{4}-\d{2}-\d{2}T\d{2}:00:00(\.0+)?(Z|[+-]\d{2}:00)?$"}
+BILLING_PARAMS = {"starting_on": HOUR, "ending_before": HOUR}
+STORAGE_PARAMS = {"project_id": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": r"\S"}}
 
 ROUTES: dict[tuple[str, str], Doc] = {
     ("GET", "/openapi.json"): Doc(authenticated=False, store=False),
@@ -212,9 +221,10 @@ ROUTES: dict[tuple[str, str], Doc] = {
         ok_not_json=True,
         store=False,
     ),
-    ("GET", V1 + "/billing/usage/events"): NOT_OFFERED,
-    ("GET", V1 + "/billing/usage/checkpoints/current"): NOT_OFFERED,
-    ("GET", V1 + "/audit"): NOT_OFFERED,
+    # The AdminClient's reads of the tenant's own store (routes/admin.py); they record nothing.
+    ("GET", V1 + "/audit"): Doc(params=AUDIT_PARAMS),
+    ("GET", V1 + "/billing/usage/events"): Doc(params=BILLING_PARAMS),
+    ("GET", V1 + "/billing/usage/checkpoints/current"): Doc(params=STORAGE_PARAMS),
     ("PUT", V1 + "/sessions/{session_id}/project"): Doc(
         errors=(404,), records=True, body=session_search.AssignSessionProjectRequest, body_patch=project_rules
     ),

@@ -53,7 +53,12 @@ def test_the_description_is_served_without_a_key_and_tells_bodies_statuses_and_k
     assert paths["/v1/completions"]["post"]["responses"]["404"]["content"]["application/json"]["schema"][
         "$ref"
     ].endswith("OpenAIErrorBody")
-    assert "200" not in paths["/api/v1/audit"]["get"]["responses"]  # a feature not offered never succeeds
+    audit = paths["/api/v1/audit"]["get"]
+    assert audit["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("AuditLogResponse")
+    assert {p["name"]: p["required"] for p in paths["/api/v1/billing/usage/events"]["get"]["parameters"]} == {
+        "starting_on": True,
+        "ending_before": True,
+    }
     assert set(paths["/api/v1/retrieve_future"]["post"]["responses"]["200"]["content"]) == {
         "application/json",
         "application/x-protobuf",

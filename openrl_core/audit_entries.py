@@ -93,8 +93,8 @@ def _outcome(event: Event) -> dict[str, Any]:
     checkpoint = _checkpoint(data)
     if checkpoint is not None:
         outcome["checkpoint"] = checkpoint.tinker_path
-    elif getattr(data, "run_id", None) and getattr(data, "checkpoint_id", None):
-        outcome["checkpoint"] = f"tinker://{data.run_id}/{data.checkpoint_id}"
+    elif (run_id := getattr(data, "run_id", None)) and (checkpoint_id := getattr(data, "checkpoint_id", None)):
+        outcome["checkpoint"] = f"tinker://{run_id}/{checkpoint_id}"
     if isinstance(data, RequestCompleted) and data.sampling_session is not None:
         outcome["sampling_session_id"] = data.sampling_session.sampling_session_id
     reason = getattr(data, "reason", None)
