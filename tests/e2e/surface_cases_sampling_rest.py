@@ -6,7 +6,7 @@ import json
 import sqlite3
 import urllib.request
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 import huggingface_hub.constants
 import numpy as np
@@ -15,7 +15,7 @@ import tinker
 from tinker import types
 from tinker.lib.api_future_impl import QueueState
 
-from tests.e2e.surface_rig import MODEL, NOTE, OTHER, REFUSED, case, refused_with_reason, train_one_step
+from tests.e2e.surface_rig import MODEL, NOTE, OTHER, case, train_one_step
 
 SC, R = "SamplingClient.", "RestClient."
 
@@ -235,40 +235,6 @@ def stored_times(w, verb: str) -> dict[str, dict[str, datetime]]:
 
 def micros(moment: datetime) -> int:
     return int(round(moment.timestamp() * 1_000_000))
-
-
-@case(
-    R + "get_audit_log",
-    R + "get_audit_log_async",
-    status=REFUSED,
-    checked="404 naming the audit log",
-    note="no organisations or teams; every request is an event in the event store",
-)
-def _audit(w, call):
-    refused_with_reason(lambda: call(w.rest, "get_audit_log"), "audit log")
-
-
-@case(
-    R + "get_billing_usage",
-    R + "get_billing_usage_async",
-    status=REFUSED,
-    checked="404 naming billing",
-    note="nothing is metered or billed",
-)
-def _billing(w, call):
-    now = datetime.now(timezone.utc)
-    refused_with_reason(lambda: call(w.rest, "get_billing_usage", now - timedelta(days=1), now), "billing usage")
-
-
-@case(
-    R + "get_current_checkpoint_storage_usage",
-    R + "get_current_checkpoint_storage_usage_async",
-    status=REFUSED,
-    checked="404 naming storage usage",
-    note="nothing is billed; list_user_checkpoints gives every checkpoint's size_bytes",
-)
-def _storage(w, call):
-    refused_with_reason(lambda: call(w.rest, "get_current_checkpoint_storage_usage"), "checkpoint storage usage")
 
 
 @case(

@@ -1,4 +1,4 @@
-"""The rig for one case per public method of the tinker SDK's four clients (the cases live in
+"""The rig for one case per public method of the tinker SDK's five clients (the cases live in
 `surface_cases_*.py`, the reflection over the SDK in `test_sdk_surface.py`).
 
 A case is a function of a shared `World` (one live server, clients and checkpoints made once,
@@ -82,6 +82,7 @@ class World:
         self.server, self.hf_home, self.api_key = server, hf_home, api_key
         self.service = tinker.ServiceClient()
         self.rest = tinker.RestClient()
+        self.admin = tinker.AdminClient()
 
     def new_training(self, seed: int = 0) -> tinker.TrainingClient:
         return self.service.create_lora_training_client(

@@ -1,5 +1,5 @@
-"""Every public method of the installed SDK's `ServiceClient`, `TrainingClient`, `SamplingClient`
-and `RestClient`, run against a live `openrl serve`.
+"""Every public method of the installed SDK's `ServiceClient`, `TrainingClient`, `SamplingClient`,
+`RestClient` and `AdminClient`, run against a live `openrl serve`.
 
 The methods come from reflection over the installed `tinker`, not from a list kept here, so
 an SDK upgrade that adds one fails `test_method[...]` until a case is written for it
@@ -23,14 +23,14 @@ import httpx
 import pytest
 import tinker
 
-from tests.e2e import surface_cases_sampling_rest, surface_cases_training, surface_fields  # noqa: F401  (they register the cases)
+from tests.e2e import surface_cases_admin, surface_cases_sampling_rest, surface_cases_training, surface_fields  # noqa: F401  (they register the cases)
 from tests.e2e.conftest import API_KEY
 from tests.e2e.sdk_close import close_service
 from tests.e2e.surface_rig import CASES, NOTE, OTHER, REFUSED, WORKS, World, make_call
 
 pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore::FutureWarning")]  # deprecated methods are cases too
 
-CLIENTS = (tinker.ServiceClient, tinker.TrainingClient, tinker.SamplingClient, tinker.RestClient)
+CLIENTS = (tinker.ServiceClient, tinker.TrainingClient, tinker.SamplingClient, tinker.RestClient, tinker.AdminClient)
 DOC = Path(__file__).resolve().parents[2] / "docs" / "compatibility.md"
 PASSED: set[str] = set()
 
@@ -81,7 +81,7 @@ def render() -> str:
     lines = [
         "# Tinker SDK compatibility",
         "",
-        "Every public method of `ServiceClient`, `TrainingClient`, `SamplingClient` and `RestClient` in the",
+        "Every public method of `ServiceClient`, `TrainingClient`, `SamplingClient`, `RestClient` and `AdminClient` in the",
         f"installed `tinker` {tinker.__version__}, run against a live `openrl serve` on the tiny model by",
         "`tests/e2e/test_sdk_surface.py`, which finds the methods by reflection and fails on a method",
         "without a case. `_async` variants are rows of their own, each awaited in its own run. This",
