@@ -115,8 +115,11 @@ futures = Table(
     # The tenant leads, so SQLite (which plans without statistics) prefers this index to
     # (tenant, state) where a read names all three.
     Index(None, "tenant", "model_id", "state"),
-    # Billing usage reads a tenant's futures by the hour they completed in.
-    Index(None, "tenant", "completed_at"),
+    # Billing usage reads a tenant's training and sampling futures by the hour they completed
+    # in. The kind sits before the time so that reads ordered by completed_at alone (a
+    # session's finished samples) keep the (tenant, model_id, state) index: with (tenant,
+    # completed_at), SQLite chose it for them and sorted every future of the tenant.
+    Index(None, "tenant", "kind", "completed_at"),
 )
 
 sessions = Table(

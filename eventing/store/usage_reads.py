@@ -5,7 +5,7 @@ result, a checkpoint's file list or an event's payload beyond the few audit type
 
 - `token_rows`: the tenant's completed training and sampling futures of a window, summed by
   the database per (UTC hour of completion, kind, model, session) through the index on
-  (tenant, completed_at), so a busy fortnight comes back as at most hours x models x
+  (tenant, kind, completed_at), so a busy fortnight comes back as at most hours x models x
   sessions rows, not one per request. The hour is text in both dialects (SQLite stores
   datetimes as `YYYY-MM-DD HH:MM:SS…` UTC text; PostgreSQL formats it in UTC).
 - `stored_rows`: the stored intervals that overlap the window, of live checkpoints

@@ -24,7 +24,9 @@ def upgrade() -> None:
     with op.batch_alter_table('futures', schema=None) as batch_op:
         batch_op.add_column(sa.Column('prefill_tokens', sa.BigInteger(), nullable=True))
         batch_op.add_column(sa.Column('sampled_tokens', sa.BigInteger(), nullable=True))
-        batch_op.create_index(batch_op.f('ix_futures_tenant_completed_at'), ['tenant', 'completed_at'], unique=False)
+        batch_op.create_index(
+            batch_op.f('ix_futures_tenant_kind_completed_at'), ['tenant', 'kind', 'completed_at'], unique=False
+        )
     op.create_table(
         'removed_checkpoints',
         sa.Column('removed_by', sa.String(length=64), nullable=False),
@@ -47,6 +49,6 @@ def downgrade() -> None:
         batch_op.drop_index(batch_op.f('ix_removed_checkpoints_tenant_removed_at'))
     op.drop_table('removed_checkpoints')
     with op.batch_alter_table('futures', schema=None) as batch_op:
-        batch_op.drop_index(batch_op.f('ix_futures_tenant_completed_at'))
+        batch_op.drop_index(batch_op.f('ix_futures_tenant_kind_completed_at'))
         batch_op.drop_column('sampled_tokens')
         batch_op.drop_column('prefill_tokens')

@@ -13,12 +13,14 @@ run's sampling sessions all of their tenant's.
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from eventing.store import usage_reads
 from eventing.store.feeds import SampleFeed
 from eventing.store.run_views import RunViews
+from openrl_core import audit_log
 from tests.eventing.sqlite_plans import Tracer, plan_of, scanned
 from tests.eventing.test_event_store import create_model, session
 
@@ -29,6 +31,7 @@ GROWING = (
     "submissions",
     "run_steps",
     "checkpoints",
+    "removed_checkpoints",
     "training_runs",
     "sampling_sessions",
     "sessions",
@@ -66,6 +69,21 @@ def reads(store, projections):
         ("feed.after", lambda: feed.after("alice", "s1:sample:0", 0)),
         ("feed.pending", lambda: feed.pending("alice", "s1", "s1:sample:0")),
         ("feed.results", lambda: feed.results("alice", ["req-create"])),
+        ("usage.token_rows", lambda: usage_reads.token_rows(store.engine, "alice", NOW - timedelta(hours=1), NOW)),
+        (
+            "usage.stored_rows (the tenant's live checkpoints)",
+            lambda: usage_reads.stored_rows(store.engine, "alice", NOW - timedelta(hours=1), NOW),
+        ),
+        (
+            "usage.audit_events",
+            lambda: usage_reads.audit_events(
+                store, "alice", audit_log.source_types("checkpoints"), NOW - timedelta(hours=1), NOW, 10
+            ),
+        ),  # fmt: skip
+        (
+            "usage.current_storage (the tenant's live checkpoints)",
+            lambda: usage_reads.current_storage(store.engine, "alice", NOW, None),
+        ),
     ]
 
 
@@ -90,7 +108,13 @@ def sqlite_store(tmp_path):
 # A search by the tenant alone (or with a state every old future has) reads all the
 # tenant ever made: right for a page of its sessions, wrong for one run's objects.
 TENANT_WIDE = re.compile(r"USING (?:COVERING )?INDEX ix_\w+ \(tenant=\?(?: AND state=\?)?\)$")
-LISTINGS = {"views.sessions (their counts)"}
+# Billing's storage reads every live checkpoint of the tenant (each is stored now), as a
+# listing does; their number is what the tenant's storage quota bounds.
+LISTINGS = {
+    "views.sessions (their counts)",
+    "usage.current_storage (the tenant's live checkpoints)",
+    "usage.stored_rows (the tenant's live checkpoints)",
+}
 
 
 def test_no_read_of_one_tenants_objects_scans_a_growing_table(sqlite_store):

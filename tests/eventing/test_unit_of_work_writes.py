@@ -34,6 +34,7 @@ def future_rows(prefix: str) -> list[dict]:
                 result=None if i == 0 else {"metrics": {"loss:sum": 1.5 + i, "note": text}, "list": [1, None, True, text], "empty": {}},
                 error=text if i % 2 else None, category=None, created_at=WHEN + timedelta(seconds=i),
                 completed_at=None if i % 3 == 0 else WHEN + timedelta(minutes=i), tokens=(1 << 40) + i if i % 2 else None,
+                prefill_tokens=i if i % 2 else None, sampled_tokens=None if i % 2 else (1 << 33) + i,
             )
         )  # fmt: skip
     return rows
