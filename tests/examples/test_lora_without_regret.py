@@ -92,7 +92,7 @@ def test_six_runs_at_once_train_take_turns_and_report(budget_server, tmp_path):
     assert [(r["step"], r["reported"]["reward"]) for r in rows] == [(1, 0.5), (2, 0.5)]
     assert all(r["learning_rate"] == pytest.approx(runs["full-s0"]["lr"]) for r in rows)
     markdown = (out / "report.md").read_text()
-    assert "| full | 0.000132 | 0.500 | 0.000 |" in markdown and "duty cycle at once" in markdown
+    assert "| full | 5e-05 | 0.500 | 0.000 |" in markdown and "duty cycle at once" in markdown
     assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
