@@ -141,6 +141,7 @@ class Node:
                 release_runs_after=settings.trainer_release_runs_after_s,
                 precision=settings.trainer_precision,
                 activation_checkpointing=settings.trainer_activation_checkpointing,
+                full_shards=settings.trainer_full_shards,
             )  # fmt: skip
             self.trainer = TrainerWorker(
                 rt.bus, rt.publisher, rt.blobs, rt.models, slicer("trainer"), settings.device,

@@ -314,6 +314,13 @@ class Settings(BaseSettings):
         "base, float32 adapters and Adam state; full runs: float32 master weights and Adam state, bf16 autocast); "
         "auto: bfloat16 on CUDA, float32 elsewhere (bitwise reproducible on CPU)",
     )
+    trainer_full_shards: int = Field(
+        1,
+        ge=1,
+        description="devices a full fine-tuning run is sharded over with torch FSDP2 (one rank process per GPU, "
+        "cuda:0..N-1 over NCCL; on CPU, N processes over gloo); 1: one device. Checkpoints are then sharded "
+        "safetensors, which any shard count loads (docs/memory.md)",
+    )
     trainer_activation_checkpointing: bool = Field(
         False,
         description="recompute each decoder layer's activations in the backward instead of keeping them (about a "

@@ -24,13 +24,18 @@ Invariants:
 - bf16 precision: FSDP's MixedPrecisionPolicy gathers parameters in bf16 for compute and
   reduces gradients in float32 into the float32 shards.
 
-What this module is not (yet): the served trainer does not create it; `FullFinetuneEngine`
-runs on one device. See the README of the branch (h7-gpu report) for what is wired.
+- `local_state()` / `load_local_state()` are this rank's rows of a sharded safetensors
+  checkpoint (`openrl_core/sharding.py`); `park()` / `restore()` move this rank's storages to
+  host memory and back, bitwise.
+
+The served trainer drives one of these per rank from `sharded.py` (`ShardedFullEngine`, the
+ranks in `rank_server.py` processes) when `trainer_full_shards` > 1.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -87,6 +92,7 @@ class ShardedFullRun:
         self.model, self._objective = model, objective
         self.params = dict(model.named_parameters())  # DTensors, tied weights once
         self.adam = optimizer.fresh_state(self._local_params())
+        self._parked: list | None = None  # (storage, host copy) while parked
 
     # -- training ---------------------------------------------------------------------------
 
@@ -153,7 +159,86 @@ class ShardedFullRun:
         for p in self.params.values():
             p.grad = None
 
+    def local_state(self) -> tuple[int, dict[str, torch.Tensor]]:
+        """This rank's rows of the weights and both moments (host copies, `sharding.KINDS`
+        prefixes), and the step count: what a sharded checkpoint file of this rank holds."""
+        tensors: dict[str, torch.Tensor] = {}
+        for name, shard in self._local_params().items():
+            tensors[f"model/{name}"] = shard.detach().to("cpu", copy=True).contiguous()
+            tensors[f"exp_avg/{name}"] = self.adam.exp_avg[name].to("cpu", copy=True).contiguous()
+            tensors[f"exp_avg_sq/{name}"] = self.adam.exp_avg_sq[name].to("cpu", copy=True).contiguous()
+        return self.adam.step, tensors
+
+    @torch.no_grad()
+    def load_local_state(self, step: int, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy this rank's rows (as `local_state` gives them, checked by the caller) into the
+        shards in place; pending gradients are dropped (a load is a clean point)."""
+        for name, shard in self._local_params().items():
+            shard.copy_(tensors[f"model/{name}"].to(shard.device))
+            self.adam.exp_avg[name].copy_(tensors[f"exp_avg/{name}"].to(shard.device))
+            self.adam.exp_avg_sq[name].copy_(tensors[f"exp_avg_sq/{name}"].to(shard.device))
+        self.adam.step = int(step)
+        for p in self.params.values():
+            p.grad = None
+
+    # -- parking: this rank's storages to host memory and back ------------------------------
+
+    def park(self) -> tuple[float, int]:
+        """Copy every storage this rank's shards live in (FSDP's padded shard buffers, pending
+        gradient shards, the moments) to host memory and resize it to nothing. Resizing the
+        storage, not swapping tensors, keeps every view FSDP holds valid: restoring brings the
+        same bytes back under the same tensor objects. Idempotent."""
+        if self._parked is not None:
+            return 0.0, 0
+        started = time.perf_counter()
+        host = []
+        for storage in self._storages():
+            if storage.device.type == "cuda":
+                copy = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=True).untyped_storage()
+                copy.copy_(storage, non_blocking=True)
+            else:
+                copy = storage.clone()
+            host.append((storage, copy))
+        if self._device.type == "cuda":
+            torch.cuda.synchronize(self._device)
+        for storage, _ in host:
+            storage.resize_(0)
+        self._parked = host
+        return time.perf_counter() - started, sum(copy.nbytes() for _, copy in host)
+
+    def restore(self) -> tuple[float, int]:
+        if self._parked is None:
+            return 0.0, 0
+        started = time.perf_counter()
+        for storage, copy in self._parked:
+            storage.resize_(copy.nbytes())
+            storage.copy_(copy, non_blocking=True)
+        if self._device.type == "cuda":
+            torch.cuda.synchronize(self._device)
+        nbytes = sum(copy.nbytes() for _, copy in self._parked)
+        self._parked = None
+        return time.perf_counter() - started, nbytes
+
+    @property
+    def parked(self) -> bool:
+        return self._parked is not None
+
     # -- internals --------------------------------------------------------------------------
+
+    def _storages(self) -> list:
+        """Each distinct storage behind this rank's shards, gradients and moments, once."""
+        tensors = []
+        for p in self.params.values():
+            tensors.append(p.to_local() if isinstance(p, DTensor) else p.data)
+            if p.grad is not None:
+                tensors.append(p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad)
+        tensors += [*self.adam.exp_avg.values(), *self.adam.exp_avg_sq.values()]
+        seen: dict[int, object] = {}
+        for tensor in tensors:
+            storage = tensor.untyped_storage()
+            if storage.nbytes():
+                seen.setdefault(storage.data_ptr(), storage)
+        return list(seen.values())
 
     def _local_params(self) -> dict[str, torch.Tensor]:
         """Each parameter's local shard as a leaf tensor sharing its storage, its gradient the

@@ -12,7 +12,8 @@ the worker drives both alike. Invariants:
   them; runs share nothing.
 - State files: `model.safetensors` (float32, parameter names as in `named_parameters`),
   `openrl_full.json` (the marker that says a checkpoint is a full run's, and of which base)
-  and the optimizer files of `optimizer.py`. `export_external` writes what
+  and the optimizer files of `optimizer.py`; a sharded run's checkpoint (`full_files.py`)
+  loads here too. `export_external` writes what
   `AutoModelForCausalLM.from_pretrained` and `AutoTokenizer.from_pretrained` load.
 - Sampler weights are published through `weight_sync.Publisher` (full or sparse delta).
 """
@@ -30,7 +31,8 @@ import torch
 from functions.compute import parking
 from functions.compute.models import ModelFiles, load_causal_lm, parameter_count
 from functions.compute.weight_sync import Publication, Publisher, Put
-from functions.trainer import batching, optimizer, passes, tensor_files
+from functions.trainer import batching, full_files, optimizer, passes, tensor_files
+from functions.trainer.full_files import MARKER_FILE, WEIGHTS_FILE
 from functions.trainer.passes import DEFAULT_MAX_PADDED_TOKENS, ForwardBackwardResult
 from functions.trainer.precision import Precision
 from openrl_core import memory
@@ -39,8 +41,6 @@ from openrl_core.errors import Conflict, InvalidRequest, NotFound
 from openrl_core.losses import resolve_config
 from openrl_core.params import AdamParams
 
-WEIGHTS_FILE = "model.safetensors"
-MARKER_FILE = "openrl_full.json"
 MARKER_FORMAT = "openrl.full.v1"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "vocab.json", "merges.txt", "generation_config.json")  # fmt: skip
@@ -164,6 +164,7 @@ class FullFinetuneEngine:
         check comes before any write, so a bad checkpoint leaves the run as it was."""
         if not is_full_state(files):
             raise InvalidRequest("this is a LoRA checkpoint; the run trains every weight (full fine-tuning)")
+        files = full_files.whole(files)  # a sharded run's checkpoint (sharded.py) reads as a whole one
         tensors = tensor_files.read(files, WEIGHTS_FILE)
         created = model_id not in self._runs
         if created:

@@ -46,13 +46,19 @@ class Residency:
     def full_engine(self, base_model: str):
         key = self.models.canonical(base_model)
         if key not in self._full:
-            from functions.trainer.full import FullFinetuneEngine
+            serving = {"serving_dtype": self.options.serving_dtype, "full_every": self.options.delta_full_every,
+                       "max_share": self.options.delta_max_share, "precision": self._precision()}  # fmt: skip
+            if self.options.full_shards > 1:
+                from functions.trainer.sharded import ShardedFullEngine
 
-            self._full[key] = FullFinetuneEngine(
-                self.models.files(base_model), device=self.device, serving_dtype=self.options.serving_dtype,
-                full_every=self.options.delta_full_every, max_share=self.options.delta_max_share,
-                precision=self._precision(),
-            )  # fmt: skip
+                engine = ShardedFullEngine(
+                    self.models.files(base_model), self.options.full_shards, self.device, **serving
+                )
+            else:
+                from functions.trainer.full import FullFinetuneEngine
+
+                engine = FullFinetuneEngine(self.models.files(base_model), device=self.device, **serving)
+            self._full[key] = engine
         return self._full[key]
 
     def _precision(self):

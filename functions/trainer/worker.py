@@ -91,6 +91,7 @@ class TrainerOptions:
     release_runs_after: float = 0.0  # seconds without a request before a run's state is released (0: never)
     precision: str = "auto"  # trainer dtypes (precision.py): auto, float32 or bfloat16
     activation_checkpointing: bool = False
+    full_shards: int = 1  # FSDP2 ranks of a full run (sharded.py); 1: FullFinetuneEngine on one device
 
 
 class TrainerWorker(Turns, Residency, Handlers):
@@ -161,6 +162,8 @@ class TrainerWorker(Turns, Residency, Handlers):
                 stop.wait(0.5)
         self.recovery.close()
         self.consumer.close()
+        for engine in self._full.values():
+            getattr(engine, "close", lambda: None)()  # a sharded engine's rank processes
 
     def run_once(self, timeout: float = 1.0) -> int:
         records = self.consumer.poll(max_records=64, timeout=timeout)
