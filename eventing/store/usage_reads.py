@@ -60,35 +60,58 @@ def _projects(conn: Connection, tenant: str, session_ids: Iterable[Optional[str]
     return {session: project or DEFAULT_PROJECT for session, (project,) in found.items()}
 
 
-def token_rows(engine: Engine, tenant: str, start: datetime, end: datetime) -> list[TokenRow]:
-    f = t.futures.c
+def usage(engine: Engine, tenant: str, start: datetime, end: datetime) -> tuple[list, list, dict]:
+    """`token_rows`, `stored_rows` and `session_metadata` of their sessions, read over one
+    connection (the billing route's one read: one pooled connection, not three)."""
     with engine.connect() as conn:
-        hour = _hour_text(conn, f.completed_at).label("hour")
-        query = (
-            select(
-                hour,
-                f.kind,
-                f.model_id,
-                f.session_id,
-                func.coalesce(func.sum(f.tokens), 0),
-                func.coalesce(func.sum(f.prefill_tokens), 0),
-                func.coalesce(func.sum(f.sampled_tokens), 0),
-            )
-            .where(
-                f.tenant == tenant,
-                f.completed_at >= start,
-                f.completed_at < end,
-                f.state == FutureState.COMPLETED.value,
-                f.kind.in_(_KINDS),
-            )
-            .group_by(hour, f.kind, f.model_id, f.session_id)
+        tokens, stored = _token_rows(conn, tenant, start, end), _stored_rows(conn, tenant, start, end)
+        sessions = _session_metadata(conn, tenant, {r.session_id for r in [*tokens, *stored] if r.session_id})
+    return tokens, stored, sessions
+
+
+def token_rows(engine: Engine, tenant: str, start: datetime, end: datetime) -> list[TokenRow]:
+    with engine.connect() as conn:
+        return _token_rows(conn, tenant, start, end)
+
+
+def stored_rows(engine: Engine, tenant: str, start: datetime, end: datetime) -> list[StoredRow]:
+    with engine.connect() as conn:
+        return _stored_rows(conn, tenant, start, end)
+
+
+def session_metadata(engine: Engine, tenant: str, session_ids: Iterable[str]) -> dict[str, Optional[dict]]:
+    with engine.connect() as conn:
+        return _session_metadata(conn, tenant, session_ids)
+
+
+def _token_rows(conn: Connection, tenant: str, start: datetime, end: datetime) -> list[TokenRow]:
+    f = t.futures.c
+    hour = _hour_text(conn, f.completed_at).label("hour")
+    query = (
+        select(
+            hour,
+            f.kind,
+            f.model_id,
+            f.session_id,
+            func.coalesce(func.sum(f.tokens), 0),
+            func.coalesce(func.sum(f.prefill_tokens), 0),
+            func.coalesce(func.sum(f.sampled_tokens), 0),
         )
-        sums = conn.execute(query).all()
-        runs = _lookup(conn, t.training_runs, t.training_runs.c.model_id, [t.training_runs.c.base_model], tenant,
-                       (r.model_id for r in sums if r.kind == "forward_backward"))  # fmt: skip
-        samplers = _lookup(conn, t.sampling_sessions, t.sampling_sessions.c.sampling_session_id,
-                           [t.sampling_sessions.c.base_model], tenant, (r.model_id for r in sums if r.kind == "sample"))  # fmt: skip
-        projects = _projects(conn, tenant, (r.session_id for r in sums))
+        .where(
+            f.tenant == tenant,
+            f.completed_at >= start,
+            f.completed_at < end,
+            f.state == FutureState.COMPLETED.value,
+            f.kind.in_(_KINDS),
+        )
+        .group_by(hour, f.kind, f.model_id, f.session_id)
+    )
+    sums = conn.execute(query).all()
+    runs = _lookup(conn, t.training_runs, t.training_runs.c.model_id, [t.training_runs.c.base_model], tenant,
+                   (r.model_id for r in sums if r.kind == "forward_backward"))  # fmt: skip
+    samplers = _lookup(conn, t.sampling_sessions, t.sampling_sessions.c.sampling_session_id,
+                       [t.sampling_sessions.c.base_model], tenant, (r.model_id for r in sums if r.kind == "sample"))  # fmt: skip
+    projects = _projects(conn, tenant, (r.session_id for r in sums))
     out = []
     for text, kind, model_id, session_id, training, prefill, sampled in sums:
         at = datetime.strptime(str(text)[:13].replace("T", " "), "%Y-%m-%d %H").replace(tzinfo=timezone.utc)
@@ -103,23 +126,22 @@ def token_rows(engine: Engine, tenant: str, start: datetime, end: datetime) -> l
     return out
 
 
-def stored_rows(engine: Engine, tenant: str, start: datetime, end: datetime) -> list[StoredRow]:
+def _stored_rows(conn: Connection, tenant: str, start: datetime, end: datetime) -> list[StoredRow]:
     c, r = t.checkpoints.c, t.removed_checkpoints.c
-    with engine.connect() as conn:
-        live = conn.execute(
-            select(c.run_id, c.created_at, c.expires_at, c.size_bytes).where(
-                c.tenant == tenant, c.created_at < end, or_(c.expires_at.is_(None), c.expires_at > start)
-            )
-        ).all()
-        gone = conn.execute(
-            select(r.run_id, r.saved_at, r.removed_at, r.size_bytes).where(
-                r.tenant == tenant, r.removed_at >= start, r.saved_at < end
-            )
-        ).all()
-        tr = t.training_runs.c
-        runs = _lookup(conn, t.training_runs, tr.model_id, [tr.base_model, tr.session_id], tenant,
-                       (row.run_id for row in [*live, *gone]))  # fmt: skip
-        projects = _projects(conn, tenant, (session for _base, session in runs.values()))
+    live = conn.execute(
+        select(c.run_id, c.created_at, c.expires_at, c.size_bytes).where(
+            c.tenant == tenant, c.created_at < end, or_(c.expires_at.is_(None), c.expires_at > start)
+        )
+    ).all()
+    gone = conn.execute(
+        select(r.run_id, r.saved_at, r.removed_at, r.size_bytes).where(
+            r.tenant == tenant, r.removed_at >= start, r.saved_at < end
+        )
+    ).all()
+    tr = t.training_runs.c
+    runs = _lookup(conn, t.training_runs, tr.model_id, [tr.base_model, tr.session_id], tenant,
+                   (row.run_id for row in [*live, *gone]))  # fmt: skip
+    projects = _projects(conn, tenant, (session for _base, session in runs.values()))
     out = []
     intervals = [(run, saved, expires, None, size) for run, saved, expires, size in live]
     intervals += [(run, saved, None, removed, size) for run, saved, removed, size in gone]
@@ -139,10 +161,9 @@ def stored_rows(engine: Engine, tenant: str, start: datetime, end: datetime) -> 
     return out
 
 
-def session_metadata(engine: Engine, tenant: str, session_ids: Iterable[str]) -> dict[str, Optional[dict]]:
+def _session_metadata(conn: Connection, tenant: str, session_ids: Iterable[str]) -> dict[str, Optional[dict]]:
     s = t.sessions.c
-    with engine.connect() as conn:
-        found = _lookup(conn, t.sessions, s.session_id, [s.user_metadata], tenant, session_ids)
+    found = _lookup(conn, t.sessions, s.session_id, [s.user_metadata], tenant, session_ids)
     return {session: ({str(k): str(v) for k, v in meta.items()} or None) for session, (meta,) in found.items()}
 
 

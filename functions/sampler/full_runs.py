@@ -73,9 +73,24 @@ class FullRunCopies:
         return update
 
     def park(self, key: str) -> tuple[float, int]:
+        """An engine that sleeps (vLLM on CUDA) frees its own device memory; its host copy of
+        the weights stays, which is what a deep sleep reloads from. Else the copy's tensors
+        move to host memory."""
         copy = self.copies.get(key)
-        return (0.0, 0) if copy is None else parking.park_once(copy, copy.slots())
+        if copy is None:
+            return 0.0, 0
+        if getattr(copy.engine, "can_sleep", False):
+            return copy.engine.park()
+        return parking.park_once(copy, copy.slots())
 
     def restore(self, key: str) -> tuple[float, int]:
         copy = self.copies.get(key)
-        return (0.0, 0) if copy is None else parking.restore_once(copy, copy.slots())
+        if copy is None:
+            return 0.0, 0
+        if getattr(copy.engine, "can_sleep", False):
+            return copy.engine.restore()
+        return parking.restore_once(copy, copy.slots())
+
+    def is_parked(self, key: str) -> bool:
+        copy = self.copies.get(key)
+        return copy is not None and (copy.parked is not None or bool(getattr(copy.engine, "asleep", False)))

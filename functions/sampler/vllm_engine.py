@@ -35,8 +35,9 @@ What the child gets is already decided here, so both engines answer alike:
   On CUDA only the changed tensors are copied into the running engine (`_update_in_place`,
   vLLM's `load_weights`): whole tensors, not elements, so a dense delta moves them all;
 - CUDA only: `tensor_parallel_size` GPUs per engine; `park`/`restore` put the engine to
-  sleep and wake it (vLLM sleep mode, `sleep_level`). The sampler worker does not call them
-  yet (its base job is registered non-parkable); tests/cuda/test_cuda_vllm.py drives them.
+  sleep and wake it (vLLM sleep mode, `sleep_level`). When `can_sleep`, the sampler worker
+  registers the engine's timeslicer job as parkable and the timeslicer's park calls them (the
+  base engine's and each full run's copy's); tests/cuda/test_cuda_vllm.py drives them.
 """
 
 from __future__ import annotations
@@ -264,6 +265,12 @@ class VllmEngine:
         """Whether changed weights are copied into the running engine (CUDA) rather than the
         whole state reloaded (CPU: oneDNN prepacks weights at load, see the module docstring)."""
         return self.options.device != "cpu"
+
+    @property
+    def can_sleep(self) -> bool:
+        """Whether `park` frees device memory (vLLM sleep mode: CUDA, a sleep level set); the
+        sampler worker then registers this engine's job with the timeslicer as parkable."""
+        return self.in_place and self.options.sleep_level > 0
 
     def park(self) -> tuple[float, int]:
         """Free the engine's device memory (vLLM sleep mode, CUDA only); (seconds, bytes freed)."""

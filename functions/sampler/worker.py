@@ -223,9 +223,11 @@ class SamplerWorker:
         key = self.models.canonical(base_model)  # an alias shares its target's base weights
         if key not in self._engines:
             engine = self._make_engine(self.models.files(base_model), share=self.share_base)
-            # The base weights (and the adapters on them) stay resident: this job never parks.
+            # The base weights (and the adapters on them) stay resident, unless the engine can
+            # sleep (vLLM on CUDA): then the timeslicer may park it like any run (`_park`).
+            parkable = bool(getattr(engine, "can_sleep", False))
             self.slicer.register(
-                self._base_job(key), engine.weight_bytes, self.slicer_device, parkable=False, resident=True
+                self._base_job(key), engine.weight_bytes, self.slicer_device, parkable=parkable, resident=True
             )
             self._engines[key] = engine
         return self._engines[key]
@@ -267,7 +269,8 @@ class SamplerWorker:
         for run_key, jobs in groups.items():
             if run_key is None:
                 join = self._late_joiners(engine, base_model, in_use)
-                self._run(self._base_job(self.models.canonical(base_model)), lambda: engine, jobs, join)
+                job_name = self._base_job(self.models.canonical(base_model))
+                self._run(job_name, lambda: self._awake(job_name, engine), jobs, join)
             else:
                 self._run_full(base_model, run_key, manifests[run_key], jobs, keep=set(groups) - {None})
 
@@ -317,7 +320,7 @@ class SamplerWorker:
 
         def prepare():
             copy = self.full_runs.get(run_key) or self.full_runs.create(run_key, files, manifest["dtype"])
-            if copy.parked is not None:
+            if self.full_runs.is_parked(run_key):
                 seconds, nbytes = self.full_runs.restore(run_key)
                 self.slicer.report_restored(job_name, seconds, nbytes)
             tenant = run_key.split(":", 1)[0]
@@ -339,11 +342,21 @@ class SamplerWorker:
                 self._manifests.popitem(last=False)
         return manifest
 
+    def _awake(self, job_name: str, engine):
+        """A base engine the timeslicer put to sleep wakes in its turn (and says so)."""
+        if getattr(engine, "asleep", False):
+            seconds, nbytes = engine.restore()
+            self.slicer.report_restored(job_name, seconds, nbytes)
+        return engine
+
     def _park(self, job: str) -> tuple[float, int]:
-        """The timeslicer asks (park thread): move a full run's copy to host memory."""
-        run_key = job.split("/run/", 1)[1]
+        """The timeslicer asks (park thread): move a full run's copy to host memory, or put a
+        base engine that can sleep to sleep."""
         with self._state:
-            return self.full_runs.park(run_key)
+            if "/base/" in job:
+                engine = self._engines.get(job.split("/base/", 1)[1])
+                return engine.park() if getattr(engine, "can_sleep", False) else (0.0, 0)
+            return self.full_runs.park(job.split("/run/", 1)[1])
 
     def _job(self, engine, base_model: str, event: Event, in_use: set[str]) -> SampleJob:
         data = event.data

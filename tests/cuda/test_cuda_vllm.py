@@ -8,7 +8,9 @@ this only where one exists). Not yet run on any GPU. What must hold:
   reload of the same weights, within bf16 tolerance (2e-2), and the in-place update is
   timed against the full reload (target: at most 0.05 x; printed);
 - `park` (vLLM sleep, level 1) frees device memory that `restore` takes back, and sampling
-  after waking gives the same greedy tokens as before parking.
+  after waking gives the same greedy tokens as before parking, with and without a LoRA
+  adapter loaded before the sleep (the sampler worker lets the timeslicer park its base
+  engine when `can_sleep`, adapters and all).
 """
 
 from __future__ import annotations
@@ -78,3 +80,16 @@ def test_park_frees_device_memory_and_restore_serves_the_same(engine):
     print(f"\nvLLM sleep level 1: {seconds:.3f} s, wake {woke_s:.3f} s, freed {free_asleep - free_awake} bytes")
     after = engine.sample([greedy()])[0].sequences[0]
     assert after.tokens == before.tokens
+
+
+def test_an_adapter_loaded_before_a_sleep_serves_the_same_after_it(engine, smol_files, tmp_path):
+    from tests.functions.sampler.test_engine_adapters import build_adapter
+
+    assert engine.can_sleep
+    engine.load_adapter("a", build_adapter(smol_files, tmp_path / "a", 1, ["q_proj", "v_proj"], rank=8))
+    job = SampleJob(PROMPT, 1, SamplingParams(max_tokens=8, temperature=0, stop=[]), adapter="a")
+    before = engine.sample([job, greedy()])
+    engine.park()
+    engine.restore()
+    after = engine.sample([job, greedy()])
+    assert [r.sequences[0].tokens for r in after] == [r.sequences[0].tokens for r in before]

@@ -137,6 +137,8 @@ def test_usage_by_hour_storage_by_project_and_audit_of_one_tenant(store, tmp_pat
     assert {e["project_id"] for e in events} == {"p2"}  # the session's current project
     assert {e["base_model"] for e in events} == {"m"} and {e["session_id"] for e in events} == {"s1"}
     assert usage_reads.session_metadata(engine, "alice", ["s1"]) == {"s1": {"team": "rl"}}
+    # The billing route's single read (one connection) is the three reads above.
+    assert usage_reads.usage(engine, "alice", at(0), at(3)) == (tokens, stored, {"s1": {"team": "rl"}})
 
     now = at(3)
     assert usage_reads.current_storage(engine, "alice", now, None) == [("p2", 1, 10**9)]

@@ -71,13 +71,11 @@ def get_billing_usage(
 ) -> BillingUsageResponse:
     now = datetime.now(timezone.utc)
     start, end = billing.check_window(starting_on, ending_before, now)
-    engine = ctx.store.engine
-    tokens = usage_reads.token_rows(engine, tenant, start, end)
-    stored = usage_reads.stored_rows(engine, tenant, start, end)
+    tokens, stored, metadata = usage_reads.usage(ctx.store.engine, tenant, start, end)
     data = billing.buckets(start, end, now, tokens, stored)
     for event in data:
         event.update(user_id=tenant, user_name=tenant)
-    sessions = usage_reads.session_metadata(engine, tenant, {e["session_id"] for e in data if e["session_id"]})
+    sessions = {sid: metadata[sid] for sid in {e["session_id"] for e in data if e["session_id"]} if sid in metadata}
     return BillingUsageResponse.model_validate(
         {"data": data, "sessions": {sid: {"user_metadata": meta} for sid, meta in sessions.items()}}
     )

@@ -206,3 +206,47 @@ def test_a_batch_waits_for_the_runs_active_lately_and_not_when_alone(tmp_path, t
     later.join()
     assert sorted(done) == ["a-1", "b-1"] and calls == [[2, 3]]  # one batch for both
     log.close()
+
+
+def test_an_engine_that_can_sleep_is_parked_by_the_timeslicer_and_wakes_in_its_turn(rig, monkeypatch):
+    """The wiring vLLM's sleep mode uses on CUDA (`VllmEngine.can_sleep`), on CPU: here the
+    torch engine sleeps by moving its weights to host memory and back (functions/compute/parking)
+    so that parking really empties them. The base job is then registered parkable; the
+    timeslicer's park puts the engine to sleep; the next batch wakes it in its own turn, says
+    so to the timeslicer, and samples what it sampled before."""
+    from functions.compute import parking
+    from functions.sampler.engine import SamplerEngine
+
+    class SleepingEngine(SamplerEngine):
+        can_sleep = True
+        parked = None
+
+        @property
+        def asleep(self) -> bool:
+            return self.parked is not None
+
+        def park(self):
+            return parking.park_once(self, parking.param_slots("w/", dict(self.model.named_parameters()), False))
+
+        def restore(self):
+            return parking.restore_once(self, parking.param_slots("w/", dict(self.model.named_parameters()), False))
+
+    worker, publisher, completions, codec = rig
+    monkeypatch.setattr(worker, "_make_engine", lambda files, share=False: SleepingEngine(files, share_base=False))
+    restored = []
+    report = worker.slicer.report_restored
+    monkeypatch.setattr(worker.slicer, "report_restored", lambda *a: (restored.append(a), report(*a)))
+    send(publisher, request("awake"))
+    before = collect(worker, completions, codec, 1)["awake"]
+    job = worker._base_job(TINY_QWEN3)
+    assert worker.slicer._jobs[job]["parkable"] is True
+    engine = worker.engine(TINY_QWEN3)
+    weight_bytes = engine.weight_bytes
+    _seconds, nbytes = worker._park(job)
+    assert engine.asleep and nbytes == weight_bytes > 0
+    assert all(p.numel() == 0 for p in engine.model.parameters())  # the weights really left
+    send(publisher, request("woken"))
+    after = collect(worker, completions, codec, 1)["woken"]
+    assert not engine.asleep and [r[0] for r in restored] == [job] and restored[0][2] == nbytes
+    tokens = [[s["tokens"] for s in e.data.result["sequences"]] for e in (before, after)]
+    assert tokens[0] == tokens[1]  # same seed, same prompt: the same samples

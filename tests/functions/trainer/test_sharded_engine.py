@@ -30,6 +30,7 @@ from openrl_core.events.lifecycle import BlobRef
 from openrl_core.params import AdamParams
 from tests.functions.trainer.conftest import sft_batch
 
+pytestmark = pytest.mark.slow
 HP = AdamParams(learning_rate=1e-4, grad_clip_norm=50.0, weight_decay=0.01)
 LENGTHS = [5, 17, 33]  # three datums over two ranks: rank 0 gets two, rank 1 one
 WORLD = 2
