@@ -7,6 +7,12 @@ Offsets are committed only when the caller says so (never automatically), becaus
 consumer commits after its effect is durable; whatever was polled but not committed is
 delivered again after a rebalance or a restart (at-least-once).
 
+A broker that restarts and loses the idempotent producer's state fails the batches in flight
+(OutOfOrderSequenceNumber, UnknownProducerId); the producer renews its id and `publish_many`
+sends those records again. They may then land after later records of their key, which the
+consumers tolerate as they do redelivery: requests apply in seq order (`SeqGate`), a
+request's first completion wins.
+
 Topics are created (with `partitions` partitions) by the first publish to them or the
 first subscription that names them, never with a broker's default count.
 
@@ -19,6 +25,7 @@ Differences from the embedded log that callers may notice, all of them Kafka's o
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any, Optional
@@ -28,7 +35,12 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 # The `pyright: ignore`s in this module: pyright's bundled kafka-python stubs describe 2.3,
 # and these names and arguments are 3.0's (the version constraints.txt pins).
 from kafka.admin import OffsetSpec  # pyright: ignore[reportAttributeAccessIssue]
-from kafka.errors import TopicAlreadyExistsError
+from kafka.errors import (
+    InvalidProducerEpochError,
+    OutOfOrderSequenceNumberError,
+    TopicAlreadyExistsError,
+    UnknownProducerIdError,
+)
 from kafka.structs import (
     MemberState,  # pyright: ignore[reportAttributeAccessIssue]
     OffsetAndMetadata,
@@ -39,6 +51,14 @@ from kafka.version import __version__ as kafka_version
 from eventing.bus import Record
 from eventing.bus import TopicPartition as TP
 from eventing.codec import Message
+
+log = logging.getLogger(__name__)
+# What the idempotent producer recovers from by renewing its producer id or epoch (a broker that
+# restarted and lost its producer state, KIP-360): the batches in flight at that moment fail and
+# are not written, so they are sent again. A record the broker did write and acknowledged is
+# never resent; one sent again after all would be a duplicate the consumers drop (by event id).
+PRODUCER_STATE_ERRORS = (OutOfOrderSequenceNumberError, UnknownProducerIdError, InvalidProducerEpochError)
+PRODUCER_STATE_RETRIES = 3
 
 
 class KafkaBus:
@@ -122,16 +142,30 @@ class KafkaBus:
         key's records stay in order (idempotent producer, one partition per key)."""
         for topic in {topic for topic, _message in messages}:
             self._ensure_topic(topic)
-        futures = [
-            self._producer.send(topic, key=message.key, value=message.value, headers=list(message.headers.items()))
-            for topic, message in messages
-        ]
-        records = []
-        for (topic, message), future in zip(messages, futures):
-            metadata = future.get(timeout=self._publish_timeout)
-            # The broker's LogAppendTime if it sets one, else the CreateTime the producer stamped.
-            records.append(Record(topic, metadata.partition, metadata.offset, message, _seconds(metadata.timestamp)))
-        return records
+        records: list[Optional[Record]] = [None] * len(messages)
+        pending = list(range(len(messages)))
+        for attempt in range(PRODUCER_STATE_RETRIES + 1):
+            futures = [(i, self._send(*messages[i])) for i in pending]
+            pending = []
+            for i, future in futures:
+                topic, message = messages[i]
+                try:
+                    metadata = future.get(timeout=self._publish_timeout)
+                except PRODUCER_STATE_ERRORS as error:
+                    if attempt == PRODUCER_STATE_RETRIES:
+                        raise
+                    pending.append(i)
+                    log.warning("kafka: %s to %s failed with %s; the producer has renewed its id, sending again",
+                                message.key, topic, type(error).__name__)  # fmt: skip
+                    continue
+                # The broker's LogAppendTime if it sets one, else the CreateTime the producer stamped.
+                records[i] = Record(topic, metadata.partition, metadata.offset, message, _seconds(metadata.timestamp))
+            if not pending:
+                break
+        return [record for record in records if record is not None]
+
+    def _send(self, topic: str, message: Message):
+        return self._producer.send(topic, key=message.key, value=message.value, headers=list(message.headers.items()))
 
     def _ensure_topic(self, topic: str) -> None:
         """Create the topic before its first record, so that record already goes to the

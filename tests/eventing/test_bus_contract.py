@@ -314,3 +314,39 @@ def test_a_member_with_the_same_instance_id_takes_over_at_once(backend, uid):
         bus.close()  # the fenced predecessor may complain on its way out
     except Exception:
         pass
+
+
+@pytest.mark.kafka
+def test_records_failed_by_a_producer_id_renewal_are_sent_again(own_noida_broker, uid, monkeypatch):
+    """A broker restart that loses the idempotent producer's state fails the batches then in
+    flight with OutOfOrderSequenceNumber (seen once in the distributed broker-restart test):
+    the producer renews its id and those records are sent again, not reported lost. The error
+    is injected into the second record's first send (which then writes nothing); everything
+    else is the real broker."""
+    from kafka.errors import OutOfOrderSequenceNumberError
+
+    class Failed:  # what kafka-python's future of a failed batch does on get()
+        def get(self, timeout=None):
+            raise OutOfOrderSequenceNumberError()
+
+    topic = f"t.renew.{uid}"
+    bus = KafkaBus(own_noida_broker.bootstrap, partitions=1)
+    try:
+        bus.publish(topic, msg("k", 0))
+        send, sends = bus._producer.send, []
+
+        def flaky(topic_, **kwargs):
+            sends.append(kwargs["value"])
+            if len(sends) == 2:  # this batch fails at the broker: nothing of it is written
+                return Failed()
+            return send(topic_, **kwargs)
+
+        monkeypatch.setattr(bus._producer, "send", flaky)
+        records = bus.publish_many([(topic, msg("k", n)) for n in (1, 2, 3)])
+        assert numbers(records) == [1, 2, 3]  # every record acknowledged, returned in call order
+        assert len(sends) == 4  # the failed one once more
+        assert [r.offset for r in records] == [1, 3, 2]  # it lands after the next (SeqGate orders)
+        auditor = bus.consumer(f"audit.{uid}", topics=[topic])
+        assert numbers(drain(auditor, 4)) == [0, 1, 3, 2]  # each once
+    finally:
+        bus.close()
