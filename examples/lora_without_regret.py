@@ -184,10 +184,24 @@ def run(spec: Spec, steps: int, args, held_out, stream, out_dir: str, label: str
     eval_started = time.monotonic()
     after = accuracy(sampler, tokenizer, held_out, args.max_tokens)
     eval_s = before_s + time.monotonic() - eval_started  # both evaluations
-    service.close("success").result()
+    close(service)
     return {"name": spec.name, "arm": spec.arm, "rank": spec.rank, "seed": spec.seed, "run_id": training.model_id,
             "lr": lr, "rows": log.rows, "before": before, "after": after, "setup_s": setup_s, "step_seconds": step_seconds,
             "eval_s": eval_s, "wall_s": time.monotonic() - started}  # fmt: skip
+
+
+def close(service: tinker.ServiceClient, timeout: float = 30.0) -> None:
+    """Finish the session, waiting at most `timeout`. With telemetry on, under Python 3.11, the
+    SDK's close can wait forever: it cancels its periodic telemetry flush just after waking it,
+    and 3.11's `asyncio.wait_for` can swallow a cancellation that races its inner wait (fixed
+    in 3.12), so the task it then awaits never ends. The session is finished on the server
+    before that wait (its `finish` request comes first), so nothing is lost by moving on."""
+    try:
+        service.close("success").result(timeout=timeout)
+    except TimeoutError:
+        print(
+            f"the tinker SDK's close did not return within {timeout:.0f} s (its telemetry task); going on", flush=True
+        )
 
 
 def timeline(since: float) -> dict:
@@ -371,7 +385,7 @@ def main() -> None:
         json.dump({"args": vars(args), "table": table, "concurrent": concurrent,
                    "sequential": sequential, "runs": [{k: v for k, v in r.items() if k != "rows"} for r in runs]},
                   handle, indent=1)  # fmt: skip
-    service.close("success").result()
+    close(service)
 
 
 if __name__ == "__main__":

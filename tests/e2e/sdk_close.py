@@ -6,6 +6,13 @@ client's own resources (heartbeat, futures pollers, telemetry, HTTP pools). In t
 `make test` runs a close never returned although the server had stored the finish. It sat
 until the 900 s test timeout, and that timeout's thread dump cannot show asyncio tasks.
 
+The likely cause (a stuck close of examples/lora_without_regret.py, caught live: the client
+idle in `close().result()`, the server idle, no socket open, and one more telemetry batch
+posted `FLUSH_INTERVAL`, 10 s, after the finish): the SDK's telemetry `close()` wakes its
+periodic flush task and cancels it right after, and Python 3.11's `asyncio.wait_for` can
+swallow a cancellation that races the inner wait it was given (fixed in 3.12), so the task
+goes on looping and `close()` awaits it for ever. Only with telemetry on.
+
 Here the wait is bounded. Past `timeout` the SDK loop's tasks are dumped with their await
 chains. A close stuck after the finish was answered (in the SDK's clean-up, which is
 client-side) is a warning that carries the dump. A close stuck before that (the server not
