@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import Mapping
 
 SHARDS_KEY = "shards"
-KINDS = ("model", "exp_avg", "exp_avg_sq")
 
 
 def rows_of(rows: int, world: int) -> list[tuple[int, int]]:

@@ -160,8 +160,9 @@ class ShardedFullRun:
             p.grad = None
 
     def local_state(self) -> tuple[int, dict[str, torch.Tensor]]:
-        """This rank's rows of the weights and both moments (host copies, `sharding.KINDS`
-        prefixes), and the step count: what a sharded checkpoint file of this rank holds."""
+        """This rank's rows of the weights and both moments (host copies, keys `model/NAME`,
+        `exp_avg/NAME`, `exp_avg_sq/NAME`), and the step count: what a sharded checkpoint file
+        of this rank holds."""
         tensors: dict[str, torch.Tensor] = {}
         for name, shard in self._local_params().items():
             tensors[f"model/{name}"] = shard.detach().to("cpu", copy=True).contiguous()
@@ -218,10 +219,6 @@ class ShardedFullRun:
         nbytes = sum(copy.nbytes() for _, copy in self._parked)
         self._parked = None
         return time.perf_counter() - started, nbytes
-
-    @property
-    def parked(self) -> bool:
-        return self._parked is not None
 
     # -- internals --------------------------------------------------------------------------
 

@@ -19,13 +19,12 @@ from typing import Mapping
 
 import torch
 
-from functions.trainer import tensor_files
+from functions.trainer import optimizer, tensor_files
 from openrl_core import sharding
 from openrl_core.errors import InvalidRequest
 
 MARKER_FILE = "openrl_full.json"
 WEIGHTS_FILE = "model.safetensors"
-STATE_TENSORS = "optimizer.safetensors"
 
 
 def marker(files: Mapping[str, bytes]) -> dict:
@@ -45,13 +44,13 @@ def shards(files: Mapping[str, bytes]) -> int:
         raise InvalidRequest(str(error)) from error
 
 
-def sharded_files(
-    marker_: dict, step_meta: bytes, world: int, pieces: list[dict[str, torch.Tensor]]
-) -> dict[str, bytes]:
-    """The files of a checkpoint from each rank's `local_state` tensors, in rank order."""
+def sharded_files(marker_: dict, step: int, world: int, pieces: list[dict[str, torch.Tensor]]) -> dict[str, bytes]:
+    """The files of a checkpoint from each rank's `local_state` tensors, in rank order, and
+    the AdamW step count (the optimizer's own meta file, as a whole checkpoint has it)."""
     out = {sharding.shard_file(rank, world): tensor_files.save(piece) for rank, piece in enumerate(pieces)}
     out[MARKER_FILE] = json.dumps({**marker_, sharding.SHARDS_KEY: world}, sort_keys=True).encode()
-    out["optimizer.json"] = step_meta
+    meta = {"format": optimizer.STATE_FORMAT, "step": step}
+    out[optimizer.STATE_META] = json.dumps(meta, sort_keys=True).encode()
     return out
 
 
@@ -84,7 +83,7 @@ def whole(files: Mapping[str, bytes]) -> dict[str, bytes]:
                                   sort_keys=True).encode()  # fmt: skip
     out[WEIGHTS_FILE] = tensor_files.save(weights)
     if moments:
-        out[STATE_TENSORS] = tensor_files.save(moments)
+        out[optimizer.STATE_TENSORS] = tensor_files.save(moments)
     return out
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import threading
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ import torch.multiprocessing as mp
 
 from functions.compute.models import ModelFiles, parameter_count
 from functions.compute.weight_sync import Publication, Publisher, Put
+from functions.local_server import free_port
 from functions.trainer import full_files, optimizer, rank_server, tensor_files
 from functions.trainer.full import MARKER_FORMAT, TOKENIZER_FILES, is_full_state
 from functions.trainer.passes import ForwardBackwardResult
@@ -58,12 +58,6 @@ def _exit_process(error: RankLost) -> None:
     log.critical("trainer: %s; exiting so that a replacement recovers every run by replay", error)
     logging.shutdown()
     os._exit(EXIT_RANK_LOST)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ShardedFullEngine:
@@ -93,7 +87,7 @@ class ShardedFullEngine:
         if cuda and torch.cuda.device_count() < world:
             raise ValueError(f"{world} shards need {world} GPUs; this node has {torch.cuda.device_count()}")
         context = mp.get_context("spawn")
-        port = _free_port()
+        port = free_port()
         self._ranks, self._conns = [], []
         for rank in range(world):
             ours, theirs = context.Pipe()
@@ -180,8 +174,7 @@ class ShardedFullEngine:
         step = replies[0][0]
         pieces = [tensors for _, tensors in replies]
         marker = {"format": MARKER_FORMAT, "base_model": self._files.name}
-        meta = json.dumps({"format": optimizer.STATE_FORMAT, "step": step}, sort_keys=True).encode()
-        return lambda: full_files.sharded_files(marker, meta, self.world, pieces)
+        return lambda: full_files.sharded_files(marker, step, self.world, pieces)
 
     def import_state(self, model_id: str, files: Mapping[str, bytes], with_optimizer: bool) -> None:
         """Load a full run's checkpoint (sharded with any shard count, or whole) into `model_id`,
@@ -264,10 +257,9 @@ class ShardedFullEngine:
         weights = tensor_files.read(whole, full_files.WEIGHTS_FILE)
         tensor_files.check_fit(weights, self._shapes, full_files.WEIGHTS_FILE, self._files.name)
         tensors = {f"model/{name}": t.to(torch.float32) for name, t in weights.items()}
-        if not with_optimizer:
-            zeros = {name: torch.zeros(p.shape) for name, p in self._shapes.items()}
-            return 0, {**tensors, **{f"{kind}/{n}": z for n, z in zeros.items() for kind in ("exp_avg", "exp_avg_sq")}}
-        state = optimizer.state_from_files(whole, self._shapes)
+        state = (
+            optimizer.state_from_files(whole, self._shapes) if with_optimizer else optimizer.fresh_state(self._shapes)
+        )
         if not isinstance(state, optimizer.AdamState):
             raise InvalidRequest("full fine-tuning trains with AdamW; this checkpoint holds another optimizer's state")
         for kind, moments in (("exp_avg", state.exp_avg), ("exp_avg_sq", state.exp_avg_sq)):
